@@ -1,0 +1,86 @@
+"""Kernel declarations and their rendering.
+
+A kernel is a small declaration: its name, the template holding the body of
+`main()`, the names of its input textures, how many render targets it writes,
+its per-step uniforms, and the constants baked into its source. The shared
+prelude (`runtime_template/kernels/prelude.glsl.j2`) generates from that the
+samplers, uniforms, outputs and one accessor per input:
+
+    uniform sampler2D X;   ->   vec4 getX(int row, int col4)
+
+Programs are identified by the hash of their generated source, so layers of
+the same shape share one compiled program.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass, field
+from importlib import resources
+
+import jinja2
+
+# Per-step values: the only things a pass sets besides its input textures.
+UNIFORM_TYPES = {
+    "u_batch": "int",          # rows of the current batch
+    "u_ring": "int",           # texel of the loss ring this step writes
+    "u_lr": "float",
+    "u_momentum": "float", "u_dampening": "float", "u_nesterov": "float", "u_first": "float",
+    "u_wd": "float", "u_decoupled": "float",
+    "u_beta1": "float", "u_beta2": "float", "u_eps": "float", "u_step_size": "float", "u_bc2_sqrt": "float",
+}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str  # human-readable, appears in the source's first line and in compile errors
+    template: str  # file under runtime_template/kernels/
+    inputs: tuple[str, ...]  # sampler names, bound to texture units in this order
+    outputs: int = 1
+    uniforms: tuple[str, ...] = ()
+    consts: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def __post_init__(self):
+        unknown = [u for u in self.uniforms if u not in UNIFORM_TYPES]
+        assert not unknown, unknown
+
+
+@dataclass
+class Pass:
+    """One draw: `kernel` reading `inputs` (a texture name per sampler) into `outputs`."""
+
+    kernel: Kernel
+    inputs: list[str]
+    outputs: list[str]
+    rows: str  # "batch" | "full" | "ring"
+    label: str  # the IR layer (or loss, or parameter) it belongs to
+
+
+@functools.lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    loader = jinja2.FunctionLoader(lambda name: (resources.files("texelfit.runtime_template")
+                                                 .joinpath(name).read_text(encoding="utf-8"), None, lambda: True))
+    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                              lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+
+
+def template_env() -> jinja2.Environment:
+    return _env()
+
+
+def render_kernel(kernel: Kernel) -> str:
+    env = _env()
+    ctx = dict(kernel.consts, kernel=kernel, inputs=kernel.inputs,
+               uniforms=[(UNIFORM_TYPES[u], u) for u in kernel.uniforms], outputs=range(kernel.outputs))
+    body = env.get_template("kernels/" + kernel.template).render(ctx)
+    return env.get_template("kernels/prelude.glsl.j2").render(ctx, body=body)
+
+
+def source_id(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def glsl_float(x: float) -> str:
+    """A float literal GLSL ES 3.00 accepts (always with a point or exponent)."""
+    r = repr(float(x))
+    return r if ("." in r or "e" in r or "inf" in r or "nan" in r) else r + ".0"

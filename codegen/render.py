@@ -1,0 +1,103 @@
+"""Render the bundle: NAME.js (one ES module), NAME.d.ts and report.json.
+
+Validate, build a typed context, render with jinja2 (StrictUndefined). The
+templates lay out precomputed values; all arithmetic happens here.
+"""
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+
+from texelfit.prep.ir import Graph
+from texelfit.prep.layout import LOSS_RING, LayoutPlan
+
+from .kernels import template_env
+from .schedule import Schedule, serialize
+
+VERSION = "0.1.0"
+
+
+def _js_json(obj) -> str:
+    # Deterministic, compact, and safe inside a <script>/module (no "</" sequences).
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).replace("</", "<\\/")
+
+
+def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
+                  default_loss: str) -> dict:
+    kernels, sched = serialize(schedule)
+    blob = bytearray()
+    params = []
+    for p in graph.params.values():
+        spec = plan.textures["param:" + p.name]
+        arr = np.ascontiguousarray(p.array, dtype="<f4")
+        params.append({"name": p.name, "texture": spec.name, "rows": spec.rows, "cols": spec.cols,
+                       "shape": list(p.source_shape), "transposed": p.exported_transposed,
+                       "offset": len(blob) // 4, "length": int(arr.size)})
+        blob += arr.tobytes()
+    textures = [{"name": t.name, "width": t.width, "height": t.height, "rows": t.rows, "cols": t.cols,
+                 "double": t.double, "role": t.role} for t in plan.textures.values()]
+    out_spec = plan.textures[plan.tensor(graph.output)]
+    model = {
+        "name": name,
+        "version": VERSION,
+        "inputShape": list(graph.input_shape),
+        "outputShape": list(graph.output_shape),
+        "inputSize": int(np.prod(graph.input_shape)),
+        "outputSize": int(np.prod(graph.output_shape)),
+        "maxBatch": max_batch,
+        "defaultLoss": default_loss,
+        "parameters": graph.parameter_count(),
+        "lossRing": LOSS_RING,
+        "textures": {
+            "input": plan.tensor(graph.input),
+            "output": out_spec.name,
+        },
+        "params": params,
+    }
+    return {
+        "name": name,
+        "model_json": _js_json(model),
+        "textures_json": _js_json(textures),
+        "kernels_json": _js_json(kernels),
+        "schedule_json": _js_json(sched),
+        "model_version": VERSION,
+        "weights_b64": base64.b64encode(bytes(blob)).decode("ascii"),
+        "input_shape": list(graph.input_shape),
+        "output_shape": list(graph.output_shape),
+        "param_names": [p.name for p in graph.params.values()],
+        "kernel_count": len(kernels),
+    }
+
+
+def render_bundle(ctx: dict) -> dict[str, str]:
+    env = template_env()
+    return {
+        f"{ctx['name']}.js": env.get_template("bundle.js.j2").render(ctx),
+        f"{ctx['name']}.d.ts": env.get_template("bundle.d.ts.j2").render(ctx),
+    }
+
+
+def report(name: str, graph: Graph, plan: LayoutPlan, ctx: dict, files: dict[str, str]) -> dict:
+    layers = []
+    for layer in graph.layers:
+        layers.append({
+            "name": layer.name, "op": layer.op, "attrs": layer.attrs,
+            "inputs": layer.inputs, "outputs": layer.outputs,
+            "output_shape": list(graph.shapes[layer.outputs[0]]),
+            "params": {role: {"name": n, "shape": list(graph.params[n].source_shape),
+                              "count": int(graph.params[n].array.size)} for role, n in layer.params.items()},
+        })
+    return {
+        "name": name,
+        "version": VERSION,
+        "input_shape": list(graph.input_shape),
+        "output_shape": list(graph.output_shape),
+        "parameters": graph.parameter_count(),
+        "layers": layers,
+        "textures": [t.report() for t in plan.textures.values()],
+        "texture_bytes": plan.total_bytes(),
+        "kernels": ctx["kernel_count"],
+        "files": {k: len(v.encode()) for k, v in files.items()},
+    }

@@ -1,0 +1,92 @@
+"""The static schedule: which kernel runs on which textures, in what order.
+
+The runtime is a small interpreter over what this module returns:
+
+    predict                         forward passes
+    trainStep(loss, optimizer)      forward + loss[loss] + backward + optimizer[optimizer].passes,
+                                    then the optimizer's swaps (ping-pong pointer swaps)
+    gradients(loss)                 forward + loss[loss] + backward
+
+A pass is {kernel, inputs (texture per sampler, in the kernel's order),
+outputs (textures, one per render target), rows}. `rows` says what part of the
+output is drawn: "batch" (the first u_batch rows), "full" (the whole texture) or
+"ring" (one texel of the loss ring). Double-buffered textures are read from
+their current buffer and written to the other one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from texelfit.prep.ir import Graph
+from texelfit.prep.layout import LayoutPlan, TextureSpec
+
+from . import ops
+from .kernels import Kernel, Pass, render_kernel, source_id
+
+
+@dataclass
+class Schedule:
+    forward: list[Pass] = field(default_factory=list)
+    backward: list[Pass] = field(default_factory=list)
+    loss: dict[str, list[Pass]] = field(default_factory=dict)
+    optimizer: dict[str, list[Pass]] = field(default_factory=dict)
+    swaps: dict[str, list[str]] = field(default_factory=dict)
+
+    def all_passes(self) -> list[Pass]:
+        out = self.forward + self.backward
+        for group in list(self.loss.values()) + list(self.optimizer.values()):
+            out += group
+        return out
+
+
+def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
+    s = Schedule()
+    tex = plan.textures
+    for layer in graph.layers:
+        s.forward += ops.forward(layer, graph, plan)
+    for layer in reversed(graph.layers):
+        s.backward += ops.backward(layer, graph, plan)
+
+    out_spec: TextureSpec = tex[plan.tensor(graph.output)]
+    for loss in ops.LOSSES:
+        s.loss[loss] = ops.loss_passes(loss, out_spec, plan)
+
+    for opt in ops.OPTIMIZERS:
+        s.optimizer[opt] = []
+        s.swaps[opt] = []
+        for p in graph.params.values():
+            passes, swaps = ops.optimizer_pass(opt, p.name, tex)
+            s.optimizer[opt] += passes
+            s.swaps[opt] += swaps
+    return s
+
+
+def serialize(schedule: Schedule) -> tuple[list[dict], dict]:
+    """Kernels deduplicated by source hash, and the schedule referring to them by index."""
+    kernels: list[dict] = []
+    index: dict[str, int] = {}
+
+    def kernel_ref(k: Kernel) -> int:
+        src = render_kernel(k)
+        sid = source_id(src)
+        if sid not in index:
+            index[sid] = len(kernels)
+            kernels.append({"id": sid, "name": k.name, "source": src, "inputs": list(k.inputs),
+                            "outputs": k.outputs, "uniforms": list(k.uniforms)})
+        return index[sid]
+
+    def passes(ps: list[Pass]) -> list[dict]:
+        return [{"kernel": kernel_ref(p.kernel), "inputs": p.inputs, "outputs": p.outputs, "rows": p.rows,
+                 "label": p.label} for p in ps]
+
+    data = {
+        "forward": passes(schedule.forward),
+        "backward": passes(schedule.backward),
+        "loss": {k: passes(v) for k, v in schedule.loss.items()},
+        "optimizer": {k: passes(v) for k, v in schedule.optimizer.items()},
+        "swaps": schedule.swaps,
+    }
+    return kernels, data
+
+
+__all__ = ["Pass", "Schedule", "build_schedule", "serialize"]

@@ -1,0 +1,1 @@
+"""Python side of texelfit: load, export, simplify, convert to the IR, plan the layout."""

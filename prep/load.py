@@ -1,0 +1,232 @@
+"""Load a model from any supported source and return a simplified ONNX model.
+
+Sources:
+  * an ONNX file (``*.onnx``): carries its own input shape;
+  * a TorchScript file (``torch.jit.save``);
+  * ``package.module:Attr`` naming an ``nn.Module`` class or zero-argument
+    factory, with ``weights`` a ``state_dict`` loaded with ``weights_only=True``;
+  * a fully pickled module (``torch.save(model)``) only with ``trust_pickle``,
+    because unpickling runs arbitrary code from the file.
+
+PyTorch sources are exported with the TorchScript-based exporter
+(``dynamo=False``): it needs nothing beyond torch and keeps the ``state_dict``
+names as ONNX initializer names, which is what ``getWeights`` is keyed by.
+Every model then goes through onnxsim.
+"""
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import pickle
+import sys
+import warnings
+import zipfile
+
+import numpy as np
+
+OPSET = 17
+
+
+class BuildError(Exception):
+    """A problem with the user's input, reported as one line by the CLI."""
+
+
+def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
+              trust_pickle: bool = False):
+    """Return (simplified onnx.ModelProto, per-sample input shape or None)."""
+    import onnx
+
+    if ":" in source and not os.path.exists(source):
+        module = _module_from_factory(source, weights)
+        return export_simplified(module, _need_shape(input_shape, source))
+    if not os.path.exists(source):
+        raise BuildError(f"source not found: {source}")
+    if source.endswith(".onnx"):
+        if weights:
+            raise BuildError("--weights is for PyTorch sources; an ONNX file carries its own weights")
+        try:
+            model = onnx.load(source)
+        except Exception as e:  # onnx raises DecodeError and friends
+            raise BuildError(f"{source} is not a readable ONNX file: {e}") from None
+        return simplify(model)
+    module = _module_from_file(source, trust_pickle)
+    if weights:
+        _load_state_dict(module, weights)
+    return export_simplified(module, _need_shape(input_shape, source))
+
+
+def export_simplified(module, input_shape):
+    """Export, simplify, and give folded weights back their state_dict names."""
+    state = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
+    return restore_state_dict_names(simplify(export_module(module, input_shape)), state)
+
+
+def _need_shape(input_shape, source):
+    if not input_shape:
+        raise BuildError(f"--input-shape is needed for the PyTorch source {source} "
+                         "(the per-sample shape without batch, e.g. 784 or 1,28,28)")
+    return tuple(int(d) for d in input_shape)
+
+
+def _module_from_factory(spec: str, weights: str | None):
+    import torch
+
+    mod_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise BuildError(f"cannot import module {mod_name!r} of source {spec!r}: {e}") from None
+    obj = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise BuildError(f"module {mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    module = obj() if callable(obj) and not isinstance(obj, torch.nn.Module) else obj
+    if not isinstance(module, torch.nn.Module):
+        raise BuildError(f"{spec} gave a {type(module).__name__}, not a torch.nn.Module")
+    if weights:
+        _load_state_dict(module, weights)
+    return module
+
+
+def _load_state_dict(module, path: str):
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise BuildError(f"--weights {path} is not a plain state_dict (weights_only load refused it: "
+                         f"{str(e).splitlines()[0]})") from None
+    except Exception as e:
+        raise BuildError(f"cannot read --weights {path}: {e}") from None
+    if not isinstance(state, dict):
+        raise BuildError(f"--weights {path} holds a {type(state).__name__}, not a state_dict")
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise BuildError(f"--weights {path} does not fit the model: {' '.join(str(e).split())}") from None
+
+
+def _module_from_file(path: str, trust_pickle: bool):
+    import torch
+
+    if _is_torchscript(path):
+        return torch.jit.load(path, map_location="cpu")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        if not trust_pickle:
+            raise BuildError(
+                f"{path} is a fully pickled model: loading it runs arbitrary code from the file, so it is "
+                "refused. Save a TorchScript file (torch.jit.save), an ONNX file, or a state_dict used with "
+                "package.module:Attr --weights; or pass --trust-pickle if you trust where this file came from"
+            ) from None
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise BuildError(f"cannot read {path} as a PyTorch file: {e}") from None
+    if isinstance(obj, torch.nn.Module):
+        return obj
+    if isinstance(obj, dict):
+        raise BuildError(f"{path} is a state_dict without its architecture: give the model as "
+                         "package.module:Attr and this file as --weights")
+    raise BuildError(f"{path} holds a {type(obj).__name__}, not a model")
+
+
+def _is_torchscript(path: str) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as z:
+        return any(n.endswith("/constants.pkl") or n.startswith("code/") or "/code/" in n for n in z.namelist())
+
+
+def export_module(module, input_shape: tuple[int, ...]):
+    """Export an nn.Module (or ScriptModule) to ONNX with a dynamic batch dimension."""
+    import onnx
+    import torch
+
+    module = module.eval()
+    example = torch.zeros((2,) + tuple(input_shape), dtype=torch.float32)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(
+                module, (example,), buf, dynamo=False, opset_version=OPSET,
+                input_names=["input"], output_names=["output"],
+                dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+                do_constant_folding=True,
+            )
+        except Exception as e:
+            raise BuildError(f"ONNX export failed for input shape {tuple(input_shape)}: "
+                             f"{' '.join(str(e).split())[:400]}") from None
+    return onnx.load_from_string(buf.getvalue())
+
+
+def simplify(model):
+    import onnxsim
+
+    try:
+        simplified, ok = onnxsim.simplify(model)
+    except Exception as e:
+        raise BuildError(f"onnxsim failed: {' '.join(str(e).split())[:400]}") from None
+    if not ok:
+        raise BuildError("onnxsim could not validate the simplified model")
+    return simplified
+
+
+TRANSPOSED_KEY = "texelfit.transposed_initializers"
+
+
+def restore_state_dict_names(model, state: dict[str, np.ndarray]):
+    """Rename initializers that constant folding renamed (a Linear without bias exports
+    MatMul with a folded transpose named like ``onnx::MatMul_8``) to the state_dict name they
+    came from, found by value. Initializers that hold the transpose of their state_dict tensor
+    are listed in the model's metadata under TRANSPOSED_KEY, so getWeights can undo it."""
+    import json
+
+    from onnx import numpy_helper
+
+    arrays = initializer_arrays(model)
+    taken = {n for n in arrays if n in state}
+    renames: dict[str, str] = {}
+    transposed: list[str] = []
+    for name, arr in arrays.items():
+        if name in state or arr.dtype != np.float32 or arr.ndim == 0:
+            continue
+        for key, ref in state.items():
+            if key in taken or ref.dtype != np.float32:
+                continue
+            if ref.shape == arr.shape and np.array_equal(ref, arr):
+                renames[name] = key
+            elif ref.ndim == 2 and ref.T.shape == arr.shape and np.array_equal(ref.T, arr):
+                renames[name] = key
+                transposed.append(key)
+            else:
+                continue
+            taken.add(key)
+            break
+    if not renames:
+        return model
+    for init in model.graph.initializer:
+        if init.name in renames:
+            init.name = renames[init.name]
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+    for inp in model.graph.input:
+        if inp.name in renames:
+            inp.name = renames[inp.name]
+    if transposed:
+        prop = model.metadata_props.add()
+        prop.key, prop.value = TRANSPOSED_KEY, json.dumps(sorted(transposed))
+    return model
+
+
+def initializer_arrays(model) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    return {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}

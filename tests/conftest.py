@@ -1,0 +1,93 @@
+"""Browser test plumbing: Debian's Chromium through pytest-playwright, pages served from 127.0.0.1.
+
+A console error (or an uncaught page error) in any page fails the test.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import socketserver
+import threading
+
+import pytest
+
+CHROMIUM = os.environ.get("TEXELFIT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+INDEX = b"""<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>texelfit tests</title></head>
+<body><canvas id="c" width="1" height="1"></canvas></body></html>
+"""
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    if not os.path.exists(CHROMIUM):
+        pytest.exit(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)", returncode=3)
+    return {**browser_type_launch_args, "executable_path": CHROMIUM, "headless": True, "args": CHROMIUM_ARGS}
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    extra_headers: dict = {}
+
+    def log_message(self, *args):  # keep test output quiet
+        pass
+
+    def end_headers(self):
+        self.send_header("Cache-Control", "no-store")
+        for k, v in self.extra_headers.items():
+            self.send_header(k, v)
+        super().end_headers()
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class Site:
+    """A folder served on loopback; bundles are built into sub-folders of it."""
+
+    def __init__(self, root):
+        self.root = str(root)
+        with open(os.path.join(self.root, "index.html"), "wb") as f:
+            f.write(INDEX)
+        handler = functools.partial(_Handler, directory=self.root)
+        self.httpd = _Server(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def path(self, *parts):
+        return os.path.join(self.root, *parts)
+
+    def add_files(self, folder: str, files: dict[str, str]) -> str:
+        d = self.path(folder)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        for name, text in files.items():
+            with open(os.path.join(d, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        return f"{self.url}/{folder}"
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    s = Site(tmp_path_factory.mktemp("site"))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def web(page, site):
+    """A blank page on the test site; console errors fail the test."""
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.goto(f"{site.url}/index.html")
+    yield page
+    assert not errors, "errors in the page:\n" + "\n".join(errors)
