@@ -1,6 +1,8 @@
 """Shared test helpers: build a bundle from a torch module, call it in the page, compare with PyTorch."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -24,6 +26,9 @@ def assert_close(what: str, got, ref, *, atol: float, rtol: float):
     assert got.shape == ref.shape, f"{what}: {got.shape} values, expected {ref.shape}"
     bound = atol + rtol * np.abs(ref)
     bad = np.flatnonzero(~(np.abs(got - ref) <= bound))
+    if os.environ.get("TEXELFIT_PRINT_ERRORS"):  # for closing notes: the measured parity errors
+        print(f"[parity] {what}: max abs {np.max(np.abs(got - ref)):.3g}, "
+              f"max rel {np.max(np.abs(got - ref) / (np.abs(ref) + 1e-12)):.3g}")
     if bad.size:
         rows = "\n".join(f"  [{i}] got {got[i]:.8g} ref {ref[i]:.8g} diff {abs(got[i] - ref[i]):.3g} bound {bound[i]:.3g}"
                          for i in bad[:8])

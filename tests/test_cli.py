@@ -1,0 +1,113 @@
+"""The CLI contract: sources, refusal of pickles, clear errors, deterministic builds."""
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from helpers import assert_close, run_model
+from models import mlp_45_31_7
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def texelfit(*args, cwd=None):
+    """Run the console script's entry point in a fresh interpreter, as a user would."""
+    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "texelfit.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sources")
+    torch.manual_seed(3)
+    m = mlp_45_31_7().eval()
+    torch.save(m.state_dict(), d / "state.pt")
+    torch.save(m, d / "pickled.pt")
+    torch.jit.save(torch.jit.trace(m, torch.randn(2, 45)), d / "scripted.pt")
+    torch.onnx.export(m, (torch.randn(2, 45),), str(d / "mlp.onnx"), dynamo=False, input_names=["x"],
+                      output_names=["y"], dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
+    torch.onnx.export(torch.nn.Sequential(torch.nn.Linear(45, 7), torch.nn.Softmax(dim=1)), (torch.randn(2, 45),),
+                      str(d / "softmax.onnx"), dynamo=False, dynamic_axes={"input": {0: "n"}}, input_names=["input"])
+    return d, m
+
+
+def test_build_is_deterministic(sources, tmp_path):
+    d, _ = sources
+    for out in ("a", "b"):
+        r = texelfit("build", "models:mlp_45_31_7", "--weights", str(d / "state.pt"), "--input-shape", "45",
+                     "--out", str(tmp_path / out), "--name", "mlp")
+        assert r.returncode == 0, r.stderr
+    files = sorted(os.listdir(tmp_path / "a"))
+    assert files == ["mlp.d.ts", "mlp.js", "report.json"]
+    match, mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", files, shallow=False)
+    assert match == files, (mismatch, errors)
+
+
+def test_pickled_model_is_refused_unless_trusted(sources, tmp_path):
+    d, _ = sources
+    r = texelfit("build", str(d / "pickled.pt"), "--input-shape", "45", "--out", str(tmp_path / "p"))
+    assert r.returncode != 0
+    assert "fully pickled" in r.stderr and "arbitrary code" in r.stderr and "--trust-pickle" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "p")
+    r = texelfit("build", str(d / "pickled.pt"), "--input-shape", "45", "--out", str(tmp_path / "p"), "--trust-pickle")
+    assert r.returncode == 0, r.stderr
+
+
+def test_state_dict_alone_is_explained(sources, tmp_path):
+    d, _ = sources
+    r = texelfit("build", str(d / "state.pt"), "--input-shape", "45", "--out", str(tmp_path / "s"))
+    assert r.returncode != 0 and "state_dict without its architecture" in r.stderr
+
+
+@pytest.mark.parametrize("error_case", ["unsupported_op", "missing_shape", "bad_weights", "bad_prune", "no_module",
+                                        "quantize_later"])
+def test_errors_are_one_clear_line(sources, tmp_path, error_case):
+    d, _ = sources
+    torch.save({"0.weight": torch.zeros(3, 3)}, tmp_path / "wrong.pt")
+    args, words = {
+        "unsupported_op": ([str(d / "softmax.onnx")], ["unsupported ONNX op Softmax", "/1/Softmax", "supported ops: Gemm"]),
+        "missing_shape": (["models:mlp_45_31_7"], ["--input-shape is needed"]),
+        "bad_weights": (["models:mlp_45_31_7", "--weights", str(tmp_path / "wrong.pt"), "--input-shape", "45"],
+                        ["does not fit the model"]),
+        "bad_prune": ([str(d / "mlp.onnx"), "--prune", "1.5"], ["--prune must be in [0, 1)"]),
+        "no_module": (["no_such_module_xyz:Net", "--input-shape", "4"], ["cannot import module 'no_such_module_xyz'"]),
+        "quantize_later": ([str(d / "mlp.onnx"), "--quantize", "int8"], ["not yet supported"]),
+    }[error_case]
+    r = texelfit("build", *args, "--out", str(tmp_path / "o"))
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("texelfit: error:"), r.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.mark.parametrize("kind", ["onnx", "torchscript", "factory"])
+def test_every_source_kind_predicts_like_pytorch(sources, site, web, kind):
+    d, m = sources
+    src = {"onnx": [str(d / "mlp.onnx")], "torchscript": [str(d / "scripted.pt"), "--input-shape", "45"],
+           "factory": ["models:mlp_45_31_7", "--weights", str(d / "state.pt"), "--input-shape", "45"]}[kind]
+    out = site.path(f"cli_{kind}")
+    r = texelfit("build", *src, "--out", out, "--name", "net", "--max-batch", "5")
+    assert r.returncode == 0, r.stderr
+    assert "texelfit: built" in r.stdout
+    rep = json.loads(open(os.path.join(out, "report.json")).read())
+    assert rep["parameters"] == sum(p.numel() for p in m.parameters())
+    assert all({"shape", "texture", "pad_lanes", "bytes", "tiles"} <= set(t) for t in rep["textures"])
+    x = torch.randn(5, 45)
+    got = run_model(web, f"{site.url}/cli_{kind}/net.js", """
+        const y = await m.predict(new Float32Array(args), 5);
+        return { y: Array.from(y), names: Object.keys(await m.getWeights()).sort(), max: m.info.maxBatch };
+    """, x.reshape(-1).tolist())
+    assert_close(f"{kind} forward", got["y"], m(x).detach().numpy(), atol=2e-5, rtol=2e-4)
+    assert got["max"] == 5
+    if kind != "onnx":  # ONNX files keep whatever initializer names they have
+        assert got["names"] == sorted(m.state_dict())
