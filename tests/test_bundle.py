@@ -55,3 +55,19 @@ def test_layout_round_trip_python_and_js(web, site, rows, cols, height):
     }""", [url, m.reshape(-1).tolist(), rows, cols, spec.width])
     assert np.array_equal(np.asarray(got["packed"], np.float32), texels[:rows].reshape(-1))
     assert np.array_equal(np.asarray(got["back"], np.float32), m.reshape(-1))
+
+
+def test_shader_compile_error_names_the_kernel_and_shows_numbered_source(web, site):
+    factory, shape = OP_CASES["linear_relu_linear"]
+    files = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape).files
+    js = files["m.js"]
+    broken = js.replace("out0 = activate(acc) * validLanes(o4);", "out0 = activate(acc) * validLanes(o4) + oops;", 1)
+    assert broken != js
+    url = site.add_files("broken", {"m.js": broken}) + "/m.js"
+    msg = web.evaluate("""async (url) => {
+        const mod = await import(url);
+        try { await mod.createModel(); return null; } catch (e) { return e.code + '|' + e.message; }
+    }""", url)
+    assert msg and msg.startswith("shader-compile|"), msg
+    assert 'kernel "dense_forward 45->31 relu" failed to compile' in msg
+    assert re.search(r">>\s+\d+\| +out0 = activate\(acc\) \* validLanes\(o4\) \+ oops;", msg), msg
