@@ -31,13 +31,15 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
     params = []
     for p in graph.params.values():
         spec = plan.textures["param:" + p.name]
-        arr = np.ascontiguousarray(p.array, dtype="<f4")
-        params.append({"name": p.name, "texture": spec.name, "rows": spec.rows, "cols": spec.cols,
-                       "shape": list(p.source_shape), "transposed": p.exported_transposed,
+        arr = np.ascontiguousarray(p.array, dtype="<f4")  # the state_dict layout; the packing reads it
+        params.append({"name": p.name, "texture": spec.name, "shape": list(p.array.shape),
                        "offset": len(blob) // 4, "length": int(arr.size)})
         blob += arr.tobytes()
-    textures = [{"name": t.name, "width": t.width, "height": t.height, "rows": t.rows, "cols": t.cols,
-                 "double": t.double, "role": t.role} for t in plan.textures.values()]
+    # packing: [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c] (prep/layout.py); for per-sample
+    # textures it describes max_batch samples, and one sample is `sampleRows` rows of it
+    textures = [{"name": t.name, "width": t.width, "height": t.height, "packing": t.packing.to_json(),
+                 "sampleRows": t.sample_rows, "double": t.double, "role": t.role}
+                for t in plan.textures.values()]
     out_spec = plan.textures[plan.tensor(graph.output)]
     model = {
         "name": name,
@@ -86,7 +88,7 @@ def report(name: str, graph: Graph, plan: LayoutPlan, ctx: dict, files: dict[str
             "name": layer.name, "op": layer.op, "attrs": layer.attrs,
             "inputs": layer.inputs, "outputs": layer.outputs,
             "output_shape": list(graph.shapes[layer.outputs[0]]),
-            "params": {role: {"name": n, "shape": list(graph.params[n].source_shape),
+            "params": {role: {"name": n, "shape": list(graph.params[n].array.shape),
                               "count": int(graph.params[n].array.size)} for role, n in layer.params.items()},
         })
     return {

@@ -45,11 +45,16 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
     for layer in graph.layers:
         s.forward += ops.forward(layer, graph, plan)
     for layer in reversed(graph.layers):
+        out = layer.outputs[0]
+        if out in plan.grad_sums:  # every consumer has contributed: add them up
+            s.backward.append(ops.grad_sum(out, plan.grad_sums[out], plan))
         s.backward += ops.backward(layer, graph, plan)
 
     out_spec: TextureSpec = tex[plan.tensor(graph.output)]
     for loss in ops.LOSSES:
-        s.loss[loss] = ops.loss_passes(loss, out_spec, plan)
+        if loss == "cross_entropy" and len(graph.output_shape) != 1:
+            continue  # class logits only
+        s.loss[loss] = ops.loss_passes(loss, out_spec, plan.grad_targets[("<loss>", 0)])
 
     for opt in ops.OPTIMIZERS:
         s.optimizer[opt] = []

@@ -1,8 +1,8 @@
-"""Fuse an activation into the dense layer that feeds it, where that removes a pass.
+"""Fuse an activation into the conv or dense layer that feeds it, where that removes a pass.
 
-The dense layer's output must have no other consumer and must not be the
-model's output; the fused layer then writes the activation's output tensor.
-Takes and returns the IR.
+The producer's output must have no other consumer and must not be the model's
+output; the fused layer then writes the activation's output tensor. Takes and
+returns the IR.
 """
 from __future__ import annotations
 
@@ -12,18 +12,16 @@ from .ir import ACTIVATIONS, Graph
 
 
 def fuse_activations(graph: Graph) -> Graph:
-    layers = list(graph.layers)
     out: list = []
-    for layer in layers:
-        prev = out[-1] if out else None
-        if (layer.op in ACTIVATIONS and prev is not None and prev.op == "dense" and "act" not in prev.attrs
-                and prev.outputs[0] == layer.inputs[0] and prev.outputs[0] != graph.output
-                and len(graph.consumers(prev.outputs[0])) == 1):
+    for layer in graph.layers:
+        x = layer.inputs[0] if layer.inputs else None
+        prev = next((l for l in out if x in l.outputs), None)
+        if (layer.op in ACTIVATIONS and prev is not None and prev.op in ("dense", "conv") and "act" not in prev.attrs
+                and x != graph.output and len(graph.consumers(x)) == 1):
             attrs = dict(prev.attrs, act=layer.op, **({"alpha": layer.attrs["alpha"]} if "alpha" in layer.attrs else {}))
-            out[-1] = dataclasses.replace(prev, outputs=list(layer.outputs), attrs=attrs,
-                                          name=f"{prev.name}+{layer.name}")
+            out[out.index(prev)] = dataclasses.replace(prev, outputs=list(layer.outputs), attrs=attrs,
+                                                       name=f"{prev.name}+{layer.name}")
             continue
         out.append(layer)
-    shapes = {k: v for k, v in graph.shapes.items()
-              if k == graph.input or any(k in l.outputs for l in out)}
+    shapes = {k: v for k, v in graph.shapes.items() if k == graph.input or any(k in l.outputs for l in out)}
     return dataclasses.replace(graph, layers=out, shapes=shapes)

@@ -16,9 +16,11 @@ from .load import TRANSPOSED_KEY, BuildError, initializer_arrays
 
 N = "N"  # the batch dimension in symbolic shape values
 
-SUPPORTED_OPS = ("Gemm", "MatMul", "Add", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Flatten", "Reshape",
-                 "Identity", "Dropout", "Constant", "Shape", "Gather", "Unsqueeze", "Squeeze", "Concat",
-                 "Cast", "Slice")
+SUPPORTED_OPS = ("Gemm", "MatMul", "Conv", "BatchNormalization", "Add", "Concat", "Relu", "LeakyRelu", "Sigmoid",
+                 "Tanh", "MaxPool", "AveragePool", "GlobalAveragePool", "ReduceMean", "Flatten", "Reshape",
+                 "Identity", "Dropout", "Constant", "Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast",
+                 "Slice")
+SHAPE_ONLY = ("Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "Slice")  # only on constants / shape values
 
 
 def _attrs(node) -> dict:
@@ -29,6 +31,45 @@ def _attrs(node) -> dict:
 
 def _where(node) -> str:
     return f"{node.op_type} node {node.name or '(unnamed)'!r}"
+
+
+def _unsupported_attr(node, attr, value, what):
+    raise BuildError(f"{_where(node)}: unsupported attribute {attr}={value!r} ({what})")
+
+
+def pool_out(size, k, s, p0, p1, d, ceil_mode):
+    """Output length of a window sweep, as PyTorch computes it (the last window of
+    ceil_mode must start inside the input or its left padding)."""
+    num = size + p0 + p1 - (d * (k - 1) + 1)
+    out = (-(-num // s) if ceil_mode else num // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p0:
+        out -= 1
+    return out
+
+
+def _window(node, a, shape, kernel, *, allow_dilation: bool):
+    """kernel, strides, pads (t, l, b, r), dilations of a conv or pool on a (C, H, W) input."""
+    strides = tuple(a.get("strides", [1, 1]))
+    dil = tuple(a.get("dilations", [1, 1]))
+    if not allow_dilation and dil != (1, 1):
+        _unsupported_attr(node, "dilations", list(dil), "pooling with dilation is not supported")
+    auto = a.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("NOTSET", "VALID"):
+        pads = tuple(a.get("pads", [0, 0, 0, 0])) if auto == "NOTSET" else (0, 0, 0, 0)
+    elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads_b, pads_e = [], []
+        for size, k, s, d in zip(shape[1:], kernel, strides, dil):
+            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            small, big = total // 2, total - total // 2
+            pads_b.append(small if auto == "SAME_UPPER" else big)
+            pads_e.append(big if auto == "SAME_UPPER" else small)
+        pads = tuple(pads_b + pads_e)
+    else:
+        _unsupported_attr(node, "auto_pad", auto, "use NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    if len(kernel) != 2 or len(strides) != 2 or len(pads) != 4:
+        raise BuildError(f"{_where(node)}: only 2-D windows are supported (kernel {list(kernel)})")
+    return tuple(kernel), strides, (pads[0], pads[1], pads[2], pads[3]), dil
 
 
 def to_ir(model, input_shape=None) -> Graph:
@@ -44,7 +85,7 @@ def to_ir(model, input_shape=None) -> Graph:
     dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim]
     if input_shape:
         shape = tuple(int(d) for d in input_shape)
-        if any(d is not None and d != s for d, s in zip(dims[1:], shape)) or (len(dims) > 1 and len(dims) - 1 != len(shape)):
+        if (len(dims) > 1 and len(dims) - 1 != len(shape)) or any(d is not None and d != s for d, s in zip(dims[1:], shape)):
             raise BuildError(f"--input-shape {shape} does not match the model's input {inp.name!r} of shape {dims}")
     else:
         if len(dims) < 2 or any(d is None or d <= 0 for d in dims[1:]):
@@ -55,7 +96,11 @@ def to_ir(model, input_shape=None) -> Graph:
     shapes: dict[str, tuple[int, ...]] = {inp.name: shape}
     alias: dict[str, str] = {}
     layers: list[Layer] = []
-    used: list[str] = []  # initializer names that became parameters, in order of use
+    params: dict[str, Param] = {}
+    initializer_names = {init.name for init in g.initializer}
+    meta = {p.key: p.value for p in model.metadata_props}
+    stored_transposed = set(json.loads(meta.get(TRANSPOSED_KEY, "[]")))
+    uses: dict[str, int] = {}
 
     def act(name):  # an activation tensor (not a constant), following aliases
         name = alias.get(name, name)
@@ -63,33 +108,31 @@ def to_ir(model, input_shape=None) -> Graph:
             raise BuildError(f"tensor {name!r} is not an activation the IR knows")
         return name
 
-    def const(node, i):
-        name = node.input[i]
-        if name not in consts:
-            return None
-        return consts[name]
-
-    def param(node, i, transposed=False, expect_ndim=None) -> Param:
+    def weight(node, i) -> np.ndarray:
         name = node.input[i]
         arr = consts.get(name)
         if not isinstance(arr, np.ndarray) or name not in initializer_names:
             raise BuildError(f"{_where(node)}: input {i} ({name!r}) must be a weight initializer; "
                              "products of two activations are not supported")
-        arr = np.asarray(arr, dtype=np.float32)
-        if expect_ndim and arr.ndim != expect_ndim:
-            raise BuildError(f"{_where(node)}: weight {name!r} has shape {arr.shape}, expected {expect_ndim}-D")
-        if name in used:
-            raise BuildError(f"{_where(node)}: weight {name!r} is shared by several layers (not supported)")
-        used.append(name)
-        # the source (state_dict) layout differs from the canonical one when exactly one of
-        # "the kernel wants the initializer transposed" and "the initializer is the state_dict
-        # tensor transposed" holds
-        return Param(name, np.ascontiguousarray(arr.T if transposed else arr), transposed != (name in stored_transposed))
+        return np.asarray(arr, dtype=np.float32)
 
-    initializer_names = {init.name for init in g.initializer}
-    meta = {p.key: p.value for p in model.metadata_props}
-    stored_transposed = set(json.loads(meta.get(TRANSPOSED_KEY, "[]")))
-    params: dict[str, Param] = {}
+    def param(node, i, *, matmul_layout=False) -> str:
+        """Register input i of node as a trainable parameter; returns its name.
+
+        matmul_layout: the kernel computes x @ B, so B is [in, out]: transposed against Linear's
+        [out, in], unless the initializer is itself the state_dict tensor transposed (restored by
+        prep.load after constant folding)."""
+        arr = weight(node, i)
+        name = source = node.input[i]
+        uses[source] = uses.get(source, 0) + 1
+        if uses[source] > 1:  # an initializer shared by several layers (an ONNX file may dedupe equal tensors)
+            name = f"{source}@{node.name or len(params)}"
+        transposed = False
+        if matmul_layout:
+            transposed = source not in stored_transposed
+            arr = arr if transposed else arr.T
+        params[name] = Param(name, np.ascontiguousarray(arr), transposed)
+        return name
 
     for node in g.node:
         op, a = node.op_type, _attrs(node)
@@ -97,7 +140,7 @@ def to_ir(model, input_shape=None) -> Graph:
         out = node.output[0] if node.output else None
         if op not in SUPPORTED_OPS:
             raise BuildError(f"unsupported ONNX op {op} at node {node.name or '(unnamed)'!r}; "
-                             f"supported ops: {', '.join(SUPPORTED_OPS)}")
+                             f"supported ops: {', '.join(dict.fromkeys(SUPPORTED_OPS))}")
 
         # ---- constants and symbolic shape values -------------------------------------------------
         if op == "Constant":
@@ -111,26 +154,26 @@ def to_ir(model, input_shape=None) -> Graph:
             full = [N] + list(shapes[act(ins[0])])
             consts[out] = full[a.get("start", 0):a.get("end", len(full))]
             continue
+        if op in SHAPE_ONLY:
+            raise BuildError(f"{_where(node)}: {op} on activations is not supported (only on constant shapes)")
 
         # ---- layers ------------------------------------------------------------------------------
         if op in ("Identity", "Dropout"):
             alias[out] = act(ins[0])
             continue
         if op == "Gemm":
-            if a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0 or a.get("transA", 0):
-                bad = [k for k in ("alpha", "beta", "transA") if a.get(k, 0 if k == "transA" else 1.0) != (0 if k == "transA" else 1.0)]
-                raise BuildError(f"{_where(node)}: unsupported attribute {', '.join(bad)} "
-                                 "(only alpha=1, beta=1, transA=0 are supported)")
+            for k, default in (("alpha", 1.0), ("beta", 1.0), ("transA", 0)):
+                if a.get(k, default) != default:
+                    _unsupported_attr(node, k, a[k], "only alpha=1, beta=1, transA=0 are supported")
             x = act(ins[0])
-            w = param(node, 1, transposed=not a.get("transB", 0), expect_ndim=2)
-            layer = _dense(node, x, w, shapes, params)
+            w = param(node, 1, matmul_layout=not a.get("transB", 0))
+            layer = _dense(node, x, params[w], shapes)
             if len(ins) > 2 and ins[2]:
                 b = param(node, 2)
-                if b.array.size != w.array.shape[0]:
-                    raise BuildError(f"{_where(node)}: bias {b.name!r} of shape {b.array.shape} is not per-output")
-                b.array = b.array.reshape(-1)
-                params[b.name] = b
-                layer.params["bias"] = b.name
+                if params[b].array.size != shapes[out][0]:
+                    raise BuildError(f"{_where(node)}: bias {b!r} of shape {params[b].array.shape} is not per-output")
+                params[b].array = params[b].array.reshape(-1)
+                layer.params["bias"] = b
             layers.append(layer)
             continue
         if op == "MatMul":
@@ -138,12 +181,55 @@ def to_ir(model, input_shape=None) -> Graph:
             if len(shapes[x]) != 1:
                 raise BuildError(f"{_where(node)}: MatMul on a per-sample shape {shapes[x]} is not supported "
                                  "(only 2-D activations)")
-            w = param(node, 1, transposed=True, expect_ndim=2)
-            layers.append(_dense(node, x, w, shapes, params))
+            w = param(node, 1, matmul_layout=True)
+            layers.append(_dense(node, x, params[w], shapes))
+            continue
+        if op == "Conv":
+            x = act(ins[0])
+            if len(shapes[x]) != 3:
+                raise BuildError(f"{_where(node)}: Conv needs a (C, H, W) input, got {shapes[x]}")
+            warr = weight(node, 1)
+            if warr.ndim != 4:
+                raise BuildError(f"{_where(node)}: only 2-D convolutions are supported (weight {warr.shape})")
+            groups = int(a.get("group", 1))
+            oc, icg, kh, kw = warr.shape
+            c, h, w_ = shapes[x]
+            if icg * groups != c or oc % groups:
+                raise BuildError(f"{_where(node)}: weight {warr.shape} with group={groups} does not fit "
+                                 f"{c} input channels")
+            kernel, strides, pads, dil = _window(node, a, shapes[x], a.get("kernel_shape", [kh, kw]),
+                                                 allow_dilation=True)
+            oh = pool_out(h, kh, strides[0], pads[0], pads[2], dil[0], False)
+            ow = pool_out(w_, kw, strides[1], pads[1], pads[3], dil[1], False)
+            if oh < 1 or ow < 1:
+                raise BuildError(f"{_where(node)}: output would be {oh}x{ow} for input {h}x{w_}")
+            layer = Layer("conv", node.name, [x], [out],
+                          {"kernel": kernel, "strides": strides, "pads": pads, "dilations": dil, "groups": groups},
+                          {"weight": param(node, 1)})
+            if len(ins) > 2 and ins[2]:
+                layer.params["bias"] = param(node, 2)
+            shapes[out] = (oc, oh, ow)
+            layers.append(layer)
+            continue
+        if op == "BatchNormalization":
+            if a.get("training_mode", 0):
+                _unsupported_attr(node, "training_mode", 1, "only the inference form can be folded")
+            x = act(ins[0])
+            stats = {k: weight(node, i).reshape(-1) for i, k in enumerate(("scale", "bias", "mean", "var"), 1)}
+            layers.append(Layer("batchnorm", node.name, [x], [out], dict(stats, eps=float(a.get("epsilon", 1e-5)))))
+            shapes[out] = shapes[x]
             continue
         if op == "Add":
             xs = [i for i in ins if i not in consts]
             cs = [i for i in ins if i in consts]
+            if len(xs) == 2:
+                x0, x1 = act(xs[0]), act(xs[1])
+                if shapes[x0] != shapes[x1]:
+                    raise BuildError(f"{_where(node)}: Add of shapes {shapes[x0]} and {shapes[x1]} "
+                                     "(broadcasting is not supported)")
+                layers.append(Layer("add", node.name, [x0, x1], [out]))
+                shapes[out] = shapes[x0]
+                continue
             if len(xs) == 1 and len(cs) == 1:
                 x = act(xs[0])
                 prod = next((l for l in layers if x in l.outputs), None)
@@ -152,13 +238,23 @@ def to_ir(model, input_shape=None) -> Graph:
                         and cs[0] in initializer_names and np.size(bias) == shapes[x][0]
                         and np.ndim(bias) <= 2 and len([n for n in g.node if x in n.input]) == 1):
                     b = param(node, ins.index(cs[0]))
-                    b.array = b.array.reshape(-1)
-                    params[b.name] = b
-                    prod.params["bias"] = b.name
+                    params[b].array = params[b].array.reshape(-1)
+                    prod.params["bias"] = b
                     alias[out] = x
                     continue
-            raise BuildError(f"{_where(node)}: only Add of a bias vector to a MatMul output is supported "
-                             "for now (residual adds come with convolutional networks)")
+            raise BuildError(f"{_where(node)}: only Add of two tensors of one shape, or of a bias vector to a "
+                             "MatMul output, is supported")
+        if op == "Concat":
+            xs = [act(i) for i in ins]
+            rank = len(shapes[xs[0]])
+            axis = a.get("axis", 1)
+            if axis not in (1, 1 - (rank + 1)) or any(len(shapes[t]) != rank or shapes[t][1:] != shapes[xs[0]][1:]
+                                                     for t in xs):
+                raise BuildError(f"{_where(node)}: only Concat on the channel axis of tensors with equal "
+                                 f"other dims is supported (axis {axis}, shapes {[shapes[t] for t in xs]})")
+            layers.append(Layer("concat", node.name, xs, [out]))
+            shapes[out] = (sum(shapes[t][0] for t in xs),) + shapes[xs[0]][1:]
+            continue
         if op in ("Relu", "LeakyRelu", "Sigmoid", "Tanh"):
             x = act(ins[0])
             name = {"Relu": "relu", "LeakyRelu": "leaky_relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}[op]
@@ -166,37 +262,76 @@ def to_ir(model, input_shape=None) -> Graph:
             layers.append(Layer(name, node.name, [x], [out], attrs))
             shapes[out] = shapes[x]
             continue
+        if op in ("MaxPool", "AveragePool"):
+            x = act(ins[0])
+            if len(shapes[x]) != 3:
+                raise BuildError(f"{_where(node)}: {op} needs a (C, H, W) input, got {shapes[x]}")
+            if len(node.output) > 1 and node.output[1]:
+                raise BuildError(f"{_where(node)}: MaxPool with an indices output is not supported")
+            if a.get("storage_order", 0):
+                _unsupported_attr(node, "storage_order", a["storage_order"], "only 0 is supported")
+            kernel, strides, pads, _ = _window(node, a, shapes[x], a["kernel_shape"], allow_dilation=False)
+            ceil_mode = bool(a.get("ceil_mode", 0))
+            c, h, w_ = shapes[x]
+            oh = pool_out(h, kernel[0], strides[0], pads[0], pads[2], 1, ceil_mode)
+            ow = pool_out(w_, kernel[1], strides[1], pads[1], pads[3], 1, ceil_mode)
+            attrs = {"kernel": kernel, "strides": strides, "pads": pads, "ceil_mode": ceil_mode}
+            if op == "AveragePool":
+                attrs["count_include_pad"] = bool(a.get("count_include_pad", 0))
+            layers.append(Layer("maxpool" if op == "MaxPool" else "avgpool", node.name, [x], [out], attrs))
+            shapes[out] = (c, oh, ow)
+            continue
+        if op in ("GlobalAveragePool", "ReduceMean"):
+            x = act(ins[0])
+            if len(shapes[x]) != 3:
+                raise BuildError(f"{_where(node)}: {op} needs a (C, H, W) input, got {shapes[x]}")
+            keep = True
+            if op == "ReduceMean":
+                axes = a.get("axes")
+                if axes is None and len(ins) > 1 and ins[1]:
+                    axes = np.asarray(consts.get(ins[1])).reshape(-1).tolist()
+                if sorted(int(v) % 4 for v in (axes or [])) != [2, 3]:
+                    _unsupported_attr(node, "axes", axes, "only the mean over H and W (axes 2, 3) is supported")
+                keep = bool(a.get("keepdims", 1))
+            layers.append(Layer("global_avgpool", node.name, [x], [out], {"keepdims": keep}))
+            c = shapes[x][0]
+            shapes[out] = (c, 1, 1) if keep else (c,)
+            continue
         if op in ("Flatten", "Reshape"):
             x = act(ins[0])
             if op == "Flatten":
                 if a.get("axis", 1) != 1:
-                    raise BuildError(f"{_where(node)}: unsupported attribute axis={a.get('axis')} "
-                                     "(only axis=1 is supported)")
+                    _unsupported_attr(node, "axis", a.get("axis"), "only axis=1 is supported")
             else:
                 target = consts.get(ins[1])
                 if target is None:
                     raise BuildError(f"{_where(node)}: the target shape is not a constant")
                 _check_reshape_2d(node, list(np.asarray(target, dtype=object).reshape(-1)), shapes[x])
+            size = int(np.prod(shapes[x]))
+            if shapes[x] == (size,):
+                alias[out] = x  # already (features,)
+                continue
             layers.append(Layer("flatten", node.name, [x], [out]))
-            shapes[out] = (int(np.prod(shapes[x])),)
+            shapes[out] = (size,)
             continue
         raise BuildError(f"{_where(node)}: cannot be converted here (its inputs are not supported)")
 
     output = alias.get(g.output[0].name, g.output[0].name)
     if output not in shapes or output == inp.name:
         raise BuildError(f"the model output {g.output[0].name!r} is not computed by any supported layer")
-    ordered = {name: params[name] for name in [i.name for i in g.initializer] if name in params}
+    order = [i.name for i in g.initializer]
+    ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[0].split("@")[0]), kv[0])))
     return Graph(inp.name, output, shapes, layers, ordered)
 
 
-def _dense(node, x, w: Param, shapes, params) -> Layer:
+def _dense(node, x, w: Param, shapes) -> Layer:
     if len(shapes[x]) != 1:
         raise BuildError(f"{_where(node)}: dense layer on per-sample shape {shapes[x]}; flatten first")
-    if w.array.shape[1] != shapes[x][0]:
-        raise BuildError(f"{_where(node)}: weight {w.name!r} expects {w.array.shape[1]} inputs, got {shapes[x][0]}")
-    params[w.name] = w
+    o, i = w.canonical().shape
+    if i != shapes[x][0]:
+        raise BuildError(f"{_where(node)}: weight {w.name!r} expects {i} inputs, got {shapes[x][0]}")
     out = node.output[0]
-    shapes[out] = (int(w.array.shape[0]),)
+    shapes[out] = (int(o),)
     return Layer("dense", node.name, [x], [out], {}, {"weight": w.name})
 
 

@@ -1,15 +1,24 @@
 """The IR: a short list of typed layers in topological order.
 
 Everything after `prep.graph` reads only this, never ONNX protos. Shapes are
-per-sample (batch is the only dynamic dimension, bounded by `max_batch`).
+per-sample (batch is the only dynamic dimension, bounded by `max_batch`):
+(F,) for dense data, (C, H, W) for images.
 
 Ops, grouped:
 
-  parametric   dense        y = act(x @ W.T + b)       params: weight [O, I], bias [O] (optional)
+  parametric   dense        y = act(x @ W.T + b)               weight [O, I] (or [I, O], `transposed`), bias [O]
+               conv         y = act(conv2d(x, W) + b)          weight [OC, IC/groups, KH, KW], bias [OC]
+                            attrs: kernel, strides, pads (top, left, bottom, right), dilations, groups
+  folded away  batchnorm    inference form; `prep.fold` folds it into the conv/dense before it
   elementwise  relu, leaky_relu(alpha), sigmoid, tanh
-  layout       flatten      per-sample shape -> (prod,) ; on dense data a no-op
+  pooling      maxpool      attrs: kernel, strides, pads, ceil_mode
+               avgpool      attrs: kernel, strides, pads, ceil_mode, count_include_pad
+               global_avgpool   mean over H, W; attrs: keepdims
+  merging      add          two tensors of one shape
+               concat       on the channel axis
+  layout       flatten      (C, H, W) -> (C*H*W,) in PyTorch's order; on dense data a no-op
 
-`dense` may carry a fused activation (`attrs["act"]`), set by `prep.fuse`.
+`dense` and `conv` may carry a fused activation (`attrs["act"]`), set by `prep.fuse`.
 """
 from __future__ import annotations
 
@@ -18,26 +27,25 @@ from dataclasses import dataclass, field
 import numpy as np
 
 ACTIVATIONS = ("relu", "leaky_relu", "sigmoid", "tanh")
-OPS = ("dense", "flatten") + ACTIVATIONS
+POOLS = ("maxpool", "avgpool", "global_avgpool")
+OPS = ("dense", "conv", "batchnorm", "flatten", "add", "concat") + ACTIVATIONS + POOLS
 
 
 @dataclass
 class Param:
-    """A trainable tensor, keyed by its ONNX initializer (= state_dict) name.
+    """A trainable tensor, keyed by its state_dict (ONNX initializer) name, in that layout.
 
-    `array` is in the canonical layout the kernels want (dense weight: [out, in]).
-    `exported_transposed` says the source tensor was [in, out] (MatMul, or Gemm
-    with transB=0): getWeights/setWeights transpose back to the source layout.
+    `transposed` marks a dense weight stored [in, out] (x @ W) rather than PyTorch's
+    Linear layout [out, in]; the texture packing reads it either way.
     """
 
     name: str
     array: np.ndarray
-    exported_transposed: bool = False
+    transposed: bool = False
 
-    @property
-    def source_shape(self) -> tuple[int, ...]:
-        shape = tuple(self.array.shape)
-        return shape[::-1] if self.exported_transposed else shape
+    def canonical(self) -> np.ndarray:
+        """Dense weights as [out, in]; everything else as stored."""
+        return self.array.T if self.transposed else self.array
 
 
 @dataclass
@@ -80,3 +88,11 @@ class Graph:
 
     def parameter_count(self) -> int:
         return int(sum(p.array.size for p in self.params.values()))
+
+    def needs_grad(self) -> set[str]:
+        """Tensors whose gradient the backward pass must compute: those that depend on a weight."""
+        out: set[str] = set()
+        for layer in self.layers:
+            if layer.params or any(t in out for t in layer.inputs):
+                out.update(layer.outputs)
+        return out

@@ -1,30 +1,39 @@
 """The RGBA texture plan: where every tensor lives on the GPU.
 
-One layout, the *row-packed matrix*, serves every tensor of a dense network.
-A logical matrix M of `rows` x `cols` floats becomes a texture of
-`ceil(cols/4)` texels per row; texel (x=c4, y=r) holds M[r, 4*c4 .. 4*c4+3]:
+One layout serves every tensor: the *channel-packed* layout. A tensor is viewed as
+[rows, blocks, channels]; its texture is `blocks * C4` texels wide (C4 = ceil(channels/4))
+and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 4*c4+3 of
+(row r, block b). Channels are padded with zeros to a multiple of 4:
 
-            texel col 0         texel col 1         ...  texel col C4-1
-          +-------------------+-------------------+-----+------------------------+
-  row 0   | M00 M01 M02 M03   | M04 M05 M06 M07   | ... | M0,4C4-4 .. (pad = 0)  |
-  row 1   | M10 M11 M12 M13   | ...               |     |                        |
-   ...    |                   |                   |     |                        |
-  row R-1 | ...               |                   |     |                        |
-          +-------------------+-------------------+-----+------------------------+
-  (rows beyond the logical ones, if any, are zero: `pad_rows`)
+                 block 0 (w = 0)                      block 1 (w = 1)
+               +---------------+-----+-------------+---------------+-----
+  row (n, h)   | c0 c1 c2 c3   | ... | c.. pad 0   | c0 c1 c2 c3   | ...
+               +---------------+-----+-------------+---------------+-----
+                  texel c4 = 0         c4 = C4-1
 
-  tensor                     logical matrix            texture rows
-  activation / its gradient  [max_batch, features]     max_batch   (one row per sample)
-  dense weight W[O, I]       [O, I]                    ceil4(O)    (4 output rows per fragment)
-  bias b[O]                  [1, O]                    1
-  class labels               [max_batch, 1]            max_batch
-  loss ring                  [1, 4*RING]               1           (mean loss of step s in texel s % RING, .x)
+  tensor                        rows            blocks          channels
+  activation NCHW (and grads)   n * H + h       w               c            (4 channels of one (n, h, w))
+  activation (N, F)             n               1               f            (the same with H = W = 1)
+  dense weight W[O, I]          o (padded to 4) 1               i
+  conv weight W[OC, ICg, KH, KW] oc (padded to 4) kh * KW + kw  ic
+  bias b[O]                     1               1               o
+  class labels                  n               1               1
+  loss ring                     1               1               4 * RING     (loss of step s in texel s % RING, .x)
 
-Padding lanes and padding rows hold zeros, and the kernels keep them zero, so a
-padded lane never leaks into a dot product. Packing is implemented once here
-(`pack`/`unpack`, used for tests and for the embedded weights' order) and once
-in the runtime (`pack2d`/`unpack2d` in runtime_template/textures.js.j2); the
-GLSL accessors (`getX(r, c4)`) read it. The round-trip test pins them together.
+Where each element comes from in the source (PyTorch row-major) array is given by a
+`Packing`: element (r, b, c) sits at (r // r2) * s_r1 + (r % r2) * s_r2 + b * s_b + c * s_c.
+That one rule packs NCHW images, [out, in] and [in, out] dense weights and conv weights alike.
+It is implemented once here (`pack`/`unpack`) and once in the runtime (`packTexels`/
+`unpackTexels` in runtime_template/runtime/textures.js.j2); the GLSL accessors read it. A
+round-trip test pins them together.
+
+Padding lanes and padding rows hold zeros, and the kernels keep them zero, so a padded lane
+never leaks into a dot product.
+
+Textures wider or higher than the device's texture limit are *folded* at createModel (the
+limit is known only there): the texels, in row-major order, are laid into rows of `limit`
+texels. The data order is unchanged, so uploads and readbacks are the same byte streams;
+the GLSL accessors map (row, col) through the fold (see kernels/prelude.glsl.j2).
 """
 from __future__ import annotations
 
@@ -35,6 +44,7 @@ import numpy as np
 from .ir import Graph
 
 LOSS_RING = 64  # steps of mean loss kept on the GPU between asynchronous readbacks
+WEBGL2_MIN_TEXTURE_SIZE = 2048  # every WebGL2 device supports at least this
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -42,26 +52,91 @@ def ceil_div(a: int, b: int) -> int:
 
 
 @dataclass(frozen=True)
+class Packing:
+    rows: int
+    r2: int
+    blocks: int
+    chans: int
+    s_r1: int
+    s_r2: int
+    s_b: int
+    s_c: int
+
+    @property
+    def c4(self) -> int:
+        return ceil_div(self.chans, 4)
+
+    @property
+    def width(self) -> int:
+        return self.blocks * self.c4
+
+    @property
+    def size(self) -> int:
+        return self.rows * self.blocks * self.chans
+
+    def to_json(self) -> list[int]:
+        return [self.rows, self.r2, self.blocks, self.chans, self.s_r1, self.s_r2, self.s_b, self.s_c]
+
+
+def flattens_in_place(layer, graph: Graph) -> bool:
+    """A flatten whose input already has the texels of its output (not (C, H, W) with H*W > 1)."""
+    if layer.op != "flatten":
+        return False
+    shape = graph.shapes[layer.inputs[0]]
+    return len(shape) != 3 or shape[1] * shape[2] == 1
+
+
+def activation_packing(shape: tuple[int, ...], batch: int) -> Packing:
+    """NCHW with `batch` samples; any other per-sample shape is flat data: (F,) as F x 1 x 1."""
+    c, h, w = shape if len(shape) == 3 else (int(np.prod(shape)), 1, 1)
+    return Packing(batch * h, h, w, c, c * h * w, w, 1, h * w)
+
+
+def matrix_packing(rows: int, cols: int, transposed: bool = False) -> Packing:
+    """M[rows, cols] stored row-major, or stored as its transpose [cols, rows]."""
+    return Packing(rows, 1, 1, cols, 1 if transposed else cols, 0, 0, rows if transposed else 1)
+
+
+def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
+    return Packing(oc, 1, kh * kw, icg, icg * kh * kw, 0, 1, kh * kw)
+
+
+def _source_index(p: Packing) -> np.ndarray:
+    r = np.arange(p.rows)[:, None, None]
+    b = np.arange(p.blocks)[None, :, None]
+    c = np.arange(p.chans)[None, None, :]
+    return (r // p.r2) * p.s_r1 + (r % p.r2) * p.s_r2 + b * p.s_b + c * p.s_c
+
+
+def pack(source: np.ndarray, p: Packing, height: int | None = None) -> np.ndarray:
+    """Source array (any shape, row-major) -> texel data of shape (height, width, 4)."""
+    src = np.asarray(source, dtype=np.float32).reshape(-1)
+    out = np.zeros((height or p.rows, p.blocks, p.c4 * 4), dtype=np.float32)
+    out[: p.rows, :, : p.chans] = src[_source_index(p)]
+    return out.reshape(height or p.rows, p.width, 4)
+
+
+def unpack(texels: np.ndarray, p: Packing) -> np.ndarray:
+    """Texel data -> the flat source array."""
+    t = np.asarray(texels, dtype=np.float32).reshape(-1, p.blocks, p.c4 * 4)
+    out = np.zeros(p.size, dtype=np.float32)
+    out[_source_index(p)] = t[: p.rows, :, : p.chans]
+    return out
+
+
+@dataclass(frozen=True)
 class TextureSpec:
     name: str
     role: str  # activation | gradient | param | param_grad | state | labels | targets | loss
-    shape: tuple[int, ...]  # logical shape (batch included, as max_batch, for per-sample tensors)
-    rows: int  # logical matrix rows
-    cols: int  # logical matrix columns
-    height: int  # texture height in texels (>= rows)
+    shape: tuple[int, ...]  # logical shape (max_batch first, for per-sample tensors)
+    packing: Packing
+    height: int  # texture height in texels (>= packing.rows)
+    sample_rows: int = 0  # texture rows per sample (per-sample tensors), else 0
     double: bool = False  # ping-pong pair (weights and optimizer state)
 
     @property
     def width(self) -> int:
-        return ceil_div(self.cols, 4)
-
-    @property
-    def pad_lanes(self) -> int:
-        return self.width * 4 - self.cols
-
-    @property
-    def pad_rows(self) -> int:
-        return self.height - self.rows
+        return self.packing.width
 
     @property
     def bytes(self) -> int:
@@ -69,35 +144,33 @@ class TextureSpec:
 
     def report(self) -> dict:
         d = asdict(self)
-        d.update(texture=[self.width, self.height], pad_lanes=self.pad_lanes, pad_rows=self.pad_rows,
-                 bytes=self.bytes, tiles=1)
+        del d["packing"]
+        lim = WEBGL2_MIN_TEXTURE_SIZE
+        texels = self.width * self.height
+        fits = self.width <= lim and self.height <= lim
+        d.update(texture=[self.width, self.height], pad_lanes=self.packing.c4 * 4 - self.packing.chans,
+                 pad_rows=self.height - self.packing.rows, bytes=self.bytes,
+                 tiles=1 if fits else ceil_div(texels, lim), folded_at_2048=not fits,
+                 min_texture_size=max(1, int(np.ceil(np.sqrt(texels)))))
         return d
-
-
-def pack(matrix: np.ndarray, spec: TextureSpec) -> np.ndarray:
-    """Logical matrix -> RGBA float32 texture data of shape (height, width, 4)."""
-    m = np.asarray(matrix, dtype=np.float32).reshape(spec.rows, spec.cols)
-    out = np.zeros((spec.height, spec.width * 4), dtype=np.float32)
-    out[: spec.rows, : spec.cols] = m
-    return out.reshape(spec.height, spec.width, 4)
-
-
-def unpack(texels: np.ndarray, spec: TextureSpec) -> np.ndarray:
-    t = np.asarray(texels, dtype=np.float32).reshape(spec.height, spec.width * 4)
-    return t[: spec.rows, : spec.cols].copy()
 
 
 @dataclass
 class LayoutPlan:
     textures: dict[str, TextureSpec]
-    alias: dict[str, str]  # tensor -> the tensor whose texture it shares (flatten of dense data)
+    act_alias: dict[str, str]  # tensor -> the tensor whose texture it shares (a flatten in place)
+    grad_targets: dict[tuple[str, int], str]  # (layer name or "<loss>", input slot) -> texture its backward writes
+    grad_sums: dict[str, list[str]]  # tensor -> contribution textures summed into grad:tensor
+    grad_alias: dict[str, str]  # tensor -> gradient texture it shares (the only consumer is an add)
+    needs_grad: set[str]
 
     def tensor(self, name: str) -> str:
         """The activation texture holding tensor `name`."""
-        return "act:" + self.alias.get(name, name)
+        return "act:" + self.act_alias.get(name, name)
 
     def grad(self, name: str) -> str:
-        return "grad:" + self.alias.get(name, name)
+        """The texture holding the gradient of tensor `name` (after any sum)."""
+        return self.grad_alias.get(name, "grad:" + name)
 
     def total_bytes(self) -> int:
         return sum(t.bytes for t in self.textures.values())
@@ -105,39 +178,77 @@ class LayoutPlan:
 
 def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     textures: dict[str, TextureSpec] = {}
-    alias: dict[str, str] = {}
 
     def add(spec: TextureSpec):
         textures[spec.name] = spec
 
-    def features(t):
-        return int(np.prod(graph.shapes[t]))
+    def per_sample(name, role, tensor):
+        shape = graph.shapes[tensor]
+        p = activation_packing(shape, max_batch)
+        add(TextureSpec(name, role, (max_batch,) + shape, p, p.rows, p.r2))
 
-    add(TextureSpec("act:" + graph.input, "activation", (max_batch,) + graph.input_shape, max_batch,
-                    features(graph.input), max_batch))
+    needs = graph.needs_grad()
+    act_alias: dict[str, str] = {}
+    per_sample("act:" + graph.input, "activation", graph.input)
     for layer in graph.layers:
         out = layer.outputs[0]
-        if layer.op == "flatten":  # dense data is already flat: share the texture
-            alias[out] = alias.get(layer.inputs[0], layer.inputs[0])
+        if flattens_in_place(layer, graph):  # same texels: share the texture
+            act_alias[out] = act_alias.get(layer.inputs[0], layer.inputs[0])
             continue
-        shape = (max_batch,) + graph.shapes[out]
-        add(TextureSpec("act:" + out, "activation", shape, max_batch, features(out), max_batch))
-        add(TextureSpec("grad:" + out, "gradient", shape, max_batch, features(out), max_batch))
-    # the gradient of every tensor a layer reads, except the model input's (never needed)
-    for layer in graph.layers:
-        x = alias.get(layer.inputs[0], layer.inputs[0])
-        if x != graph.input and "grad:" + x not in textures:
-            raise AssertionError(f"no gradient texture for {x}")
+        per_sample("act:" + out, "activation", out)
+        if layer.op == "maxpool":  # where each maximum came from, for the backward
+            per_sample("argmax:" + out, "argmax", out)
+
+    # Gradients. A tensor with one consumer gets grad:T written by that consumer's backward;
+    # with several, each writes grad:T@k and a sum pass adds them into grad:T. The backward of
+    # `add` (and of a flatten in place) writes nothing: its contribution to each input is the
+    # gradient of its output.
+    grad_targets: dict[tuple[str, int], str] = {}
+    grad_sums: dict[str, list[str]] = {}
+    grad_alias: dict[str, str] = {}
+    for layer in reversed(graph.layers):
+        out = layer.outputs[0]
+        if out not in needs:
+            continue
+        uses = [(c, i) for c in graph.layers for i, t in enumerate(c.inputs) if t == out]
+        if out == graph.output:
+            uses = [("<loss>", 0)] + uses
+        contributions = []
+        for k, (consumer, slot) in enumerate(uses):
+            cname = consumer if isinstance(consumer, str) else consumer.name
+            if not isinstance(consumer, str) and (consumer.op == "add" or flattens_in_place(consumer, graph)):
+                contributions.append(grad_alias.get(consumer.outputs[0], "grad:" + consumer.outputs[0]))
+                continue
+            target = "grad:" + out if len(uses) == 1 else f"grad:{out}@{k}"
+            grad_targets[(cname, slot)] = target
+            contributions.append(target)
+            per_sample(target, "gradient", out)
+        if len(uses) == 1 and contributions[0] != "grad:" + out:
+            grad_alias[out] = contributions[0]  # the single consumer is an add: share its output's gradient
+        elif len(uses) > 1:
+            grad_sums[out] = contributions
+            per_sample("grad:" + out, "gradient", out)
 
     for p in graph.params.values():
-        rows, cols = (p.array.shape if p.array.ndim == 2 else (1, p.array.size))
-        height = ceil_div(rows, 4) * 4 if p.array.ndim == 2 else rows
-        for role, prefix in (("param", "param:"), ("param_grad", "pgrad:"), ("state", "m:"), ("state", "v:")):
-            add(TextureSpec(prefix + p.name, role, tuple(p.array.shape), rows, cols, height,
-                            double=role in ("param", "state")))
+        layer = next(l for l in graph.layers if p.name in l.params.values())
+        role = next(r for r, n in layer.params.items() if n == p.name)
+        if role == "bias":
+            packing = matrix_packing(1, p.array.size)
+            height = 1
+        elif layer.op == "conv":
+            packing = conv_weight_packing(*p.array.shape)
+            height = ceil_div(p.array.shape[0], 4) * 4
+        else:
+            o, i = p.canonical().shape
+            packing = matrix_packing(o, i, p.transposed)
+            height = ceil_div(o, 4) * 4
+        for role_name, prefix in (("param", "param:"), ("param_grad", "pgrad:"), ("state", "m:"), ("state", "v:")):
+            add(TextureSpec(prefix + p.name, role_name, tuple(p.array.shape), packing, height,
+                            double=role_name in ("param", "state")))
 
-    out_features = features(graph.output)
-    add(TextureSpec("labels", "labels", (max_batch,), max_batch, 1, max_batch))
-    add(TextureSpec("targets", "targets", (max_batch,) + graph.output_shape, max_batch, out_features, max_batch))
-    add(TextureSpec("loss", "loss", (LOSS_RING,), 1, 4 * LOSS_RING, 1))
-    return LayoutPlan(textures, alias)
+    labels = matrix_packing(max_batch, 1)
+    add(TextureSpec("labels", "labels", (max_batch,), labels, max_batch, 1))
+    per_sample("targets", "targets", graph.output)
+    ring = matrix_packing(1, 4 * LOSS_RING)
+    add(TextureSpec("loss", "loss", (LOSS_RING,), ring, 1))
+    return LayoutPlan(textures, act_alias, grad_targets, grad_sums, grad_alias, needs)

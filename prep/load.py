@@ -153,11 +153,15 @@ def export_module(module, input_shape: tuple[int, ...]):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
+            # keep_initializers_as_inputs: the exporter otherwise merges parameters of equal value
+            # (two zero-initialised biases become one). PRESERVE (with the module in eval mode)
+            # keeps BatchNormalization nodes, so prep.fold folds them under the conv's names.
             torch.onnx.export(
                 module, (example,), buf, dynamo=False, opset_version=OPSET,
                 input_names=["input"], output_names=["output"],
                 dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
-                do_constant_folding=True,
+                do_constant_folding=True, keep_initializers_as_inputs=True,
+                training=torch.onnx.TrainingMode.PRESERVE,
             )
         except Exception as e:
             raise BuildError(f"ONNX export failed for input shape {tuple(input_shape)}: "
@@ -169,7 +173,10 @@ def simplify(model):
     import onnxsim
 
     try:
-        simplified, ok = onnxsim.simplify(model)
+        # Batch-norm is folded by prep.fold (which keeps the conv's names), and equal initializers
+        # stay separate parameters.
+        simplified, ok = onnxsim.simplify(model, skip_fuse_bn=True,
+                                          skipped_optimizers=["eliminate_duplicate_initializer"])
     except Exception as e:
         raise BuildError(f"onnxsim failed: {' '.join(str(e).split())[:400]}") from None
     if not ok:

@@ -10,7 +10,7 @@ import torch
 from helpers import build_module
 from models import OP_CASES
 from texelfit.build import compile_onnx
-from texelfit.prep.layout import TextureSpec, pack, unpack
+from texelfit.prep.layout import activation_packing, conv_weight_packing, matrix_packing, pack, unpack
 from texelfit.prep.load import export_simplified
 
 FORBIDDEN = {
@@ -34,27 +34,40 @@ def test_bundle_is_self_contained(case):
     assert "export async function createModel" in js
 
 
-@pytest.mark.parametrize("rows,cols,height", [(1, 1, 1), (7, 45, 8), (31, 45, 32), (13, 4, 13), (3, 9, 3)])
-def test_layout_round_trip_python_and_js(web, site, rows, cols, height):
-    spec = TextureSpec("t", "param", (rows, cols), rows, cols, height)
-    m = np.random.default_rng(rows * cols).standard_normal((rows, cols)).astype(np.float32)
-    texels = pack(m, spec)
-    assert texels.shape == (height, spec.width, 4)
-    assert np.array_equal(unpack(texels, spec), m)
-    # padding lanes and rows are zero
-    flat = texels.reshape(height, -1)
-    assert not flat[:, cols:].any() and not flat[rows:].any()
+LAYOUTS = {
+    "dense activation 7x45": (activation_packing((45,), 7), 7),
+    "nchw activation 3x5x13x11": (activation_packing((5, 13, 11), 3), 39),
+    "nchw 1 channel": (activation_packing((1, 4, 3), 2), 8),
+    "dense weight 31x45 (padded rows)": (matrix_packing(31, 45), 32),
+    "dense weight stored [in, out]": (matrix_packing(7, 9, transposed=True), 8),
+    "conv weight 6x5x3x2": (conv_weight_packing(6, 5, 3, 2), 8),
+    "depthwise weight 5x1x3x3": (conv_weight_packing(5, 1, 3, 3), 8),
+    "bias 13": (matrix_packing(1, 13), 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_layout_round_trip_python_and_js(web, site, case):
+    pk, height = LAYOUTS[case]
+    src = np.random.default_rng(pk.size).standard_normal(pk.size).astype(np.float32)
+    texels = pack(src, pk, height)
+    assert texels.shape == (height, pk.width, 4)
+    assert np.array_equal(unpack(texels, pk), src)
+    # padding lanes and rows are zero, and every source value appears once
+    t = texels.reshape(height, pk.blocks, -1)
+    assert not t[:, :, pk.chans:].any() and not t[pk.rows:].any()
+    assert np.array_equal(np.sort(t[: pk.rows, :, : pk.chans].reshape(-1)), np.sort(src))
     url = build_module(site, "layout", OP_CASES["linear_relu_linear"][0](), (45,))
-    got = web.evaluate("""async ([url, m, rows, cols, width]) => {
+    got = web.evaluate("""async ([url, src, pk, rows]) => {
         const { layout } = await import(url);
-        const packed = new Float32Array(rows * width * 4).fill(99);
-        layout.pack2d(new Float32Array(m), rows, cols, width, packed);
-        const back = new Float32Array(rows * cols);
-        layout.unpack2d(packed, rows, cols, width, back);
+        const packed = new Float32Array(rows * pk[2] * Math.ceil(pk[3] / 4) * 4).fill(99);
+        layout.packTexels(new Float32Array(src), 0, pk, rows, packed);
+        const back = new Float32Array(src.length);
+        layout.unpackTexels(packed, pk, rows, back, 0);
         return { packed: Array.from(packed), back: Array.from(back) };
-    }""", [url, m.reshape(-1).tolist(), rows, cols, spec.width])
-    assert np.array_equal(np.asarray(got["packed"], np.float32), texels[:rows].reshape(-1))
-    assert np.array_equal(np.asarray(got["back"], np.float32), m.reshape(-1))
+    }""", [url, src.tolist(), pk.to_json(), pk.rows])
+    assert np.array_equal(np.asarray(got["packed"], np.float32), texels[: pk.rows].reshape(-1))
+    assert np.array_equal(np.asarray(got["back"], np.float32), src)
 
 
 def test_shader_compile_error_names_the_kernel_and_shows_numbered_source(web, site):

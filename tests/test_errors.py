@@ -64,12 +64,13 @@ def test_bad_call_rejects_and_keeps_weights(web, bundle_url, case):
 
 
 def test_texture_limit_is_checked_at_create_model(web, bundle_url):
-    # act:input is 12 texels wide and 8 high; a limit of 10 cannot hold it
+    # act:input (12x8 texels) folds into 10x10; the first weight (12x32 = 384 texels) cannot
     msg = web.evaluate("""async (url) => {
         const mod = await import(url);
         try { await mod.createModel({ maxTextureSize: 10 }); return null; } catch (e) { return e.message; }
     }""", bundle_url)
-    assert msg and "over the texture size limit of 10" in msg and '"act:input" needs 12x8' in msg, msg
+    assert msg == ('texelfit: texture "param:0.weight" (12x32 texels) cannot be laid out within the '
+                   'texture size limit of 10'), msg
 
 
 def test_weights_round_trip_and_disposed_model(web, bundle_url):

@@ -1,6 +1,6 @@
 """The build pipeline: each stage a pure function of the previous stage's value.
 
-    prep.load -> ONNX (onnxsim) -> prep.graph (IR) -> prep.fuse -> prep.layout
+    prep.load -> ONNX (onnxsim) -> prep.graph (IR) -> prep.fold -> prep.fuse -> prep.layout
       -> codegen.schedule -> codegen.render -> files in DIR
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from texelfit.codegen.render import model_context, render_bundle, report
 from texelfit.codegen.schedule import build_schedule
+from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
 from texelfit.prep.ir import Graph
@@ -36,7 +37,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64,
         raise BuildError(f"--max-batch must be an integer from 1 to 4096, got {max_batch}")
     if loss not in LOSSES:
         raise BuildError(f"--loss must be one of {', '.join(LOSSES)}, got {loss!r}")
-    graph = fuse_activations(to_ir(model, input_shape))
+    graph = fuse_activations(fold_batchnorm(to_ir(model, input_shape)))
     if not graph.params:
         raise BuildError("the model has no trainable weights")
     plan = plan_layout(graph, max_batch)

@@ -1,4 +1,4 @@
-"""Elementwise activations that could not be fused into a producing dense layer.
+"""Elementwise activations that could not be fused into a producing dense or conv layer.
 
 forward    activation_forward   X      -> Y     rows: batch
 backward   activation_grad      DY, Y  -> dX    rows: batch   (derivative written in the output Y)
@@ -6,11 +6,12 @@ backward   activation_grad      DY, Y  -> dX    rows: batch   (derivative writte
 from __future__ import annotations
 
 from ..kernels import Kernel, Pass
-from .common import activation, lanes
+from .common import activation, chw, grad_target, lanes
 
 
 def _consts(layer, graph):
-    return dict(activation(layer), **lanes(graph.shapes[layer.outputs[0]][0]))
+    c, _, _ = chw(graph.shapes[layer.outputs[0]])
+    return dict(activation(layer), **lanes(c))
 
 
 def forward(layer, graph, plan):
@@ -19,8 +20,10 @@ def forward(layer, graph, plan):
 
 
 def backward(layer, graph, plan):
-    x, y = layer.inputs[0], layer.outputs[0]
-    if plan.alias.get(x, x) == graph.input:
+    target = grad_target(plan, layer, 0)
+    if not target:
         return []
+    y = layer.outputs[0]
     k = Kernel(f"activation_grad {layer.op}", "activation_grad.glsl.j2", ("DY", "Y"), consts=_consts(layer, graph))
-    return [Pass(k, [plan.grad(y), plan.tensor(y)], [plan.grad(x)], "batch", layer.name)]
+    return [Pass(k, [plan.grad(y), plan.tensor(y)], [target], "batch", layer.name)]
+

@@ -1,4 +1,4 @@
-"""Constants shared by the kernel templates of several op families."""
+"""Constants and helpers shared by the op families."""
 from __future__ import annotations
 
 from texelfit.prep.layout import ceil_div
@@ -7,7 +7,7 @@ from ..kernels import glsl_float
 
 
 def lanes(cols: int) -> dict:
-    """Constants of kernels/lanes.glsl.j2: which lanes of the last texel hold real features."""
+    """Constants of kernels/lanes.glsl.j2: which lanes of the last channel texel hold real channels."""
     rem = cols % 4 or 4
     return {"cols": cols, "cols4": ceil_div(cols, 4),
             "last_mask": ", ".join("1.0" if i < rem else "0.0" for i in range(4))}
@@ -15,5 +15,18 @@ def lanes(cols: int) -> dict:
 
 def activation(layer) -> dict:
     """Constants of kernels/activation.glsl.j2 for a layer's (fused or own) activation."""
-    act = layer.attrs.get("act", layer.op if layer.op != "dense" else "none")
+    act = layer.attrs.get("act", layer.op if layer.op not in ("dense", "conv") else "none")
     return {"act": act, "alpha": glsl_float(layer.attrs.get("alpha", 0.0))}
+
+
+def chw(shape) -> tuple[int, int, int]:
+    """(C, H, W) of a per-sample shape; dense (F,) is (F, 1, 1)."""
+    return tuple(shape) if len(shape) == 3 else (shape[0], 1, 1)
+
+
+def grad_target(plan, layer, slot: int):
+    """The texture the backward of `layer` writes the gradient of input `slot` into, or None
+    when that input needs no gradient (it depends on no weight)."""
+    if layer.inputs[slot] not in plan.needs_grad:
+        return None
+    return plan.grad_targets[(layer.name, slot)]

@@ -3,14 +3,14 @@
 forward        dense_forward      X, W, B        -> Y        rows: batch
 backward       dense_grad_weight  DY, Y, X       -> dW       rows: full
                dense_grad_bias    DY, Y          -> db       rows: full
-               dense_grad_input   DY, Y, W       -> dX       rows: batch   (not for the model input)
+               dense_grad_input   DY, Y, W       -> dX       rows: batch   (when X needs a gradient)
 """
 from __future__ import annotations
 
 from texelfit.prep.layout import ceil_div
 
 from ..kernels import Kernel, Pass
-from .common import activation, lanes
+from .common import activation, grad_target, lanes
 
 
 def _consts(layer, graph):
@@ -19,8 +19,7 @@ def _consts(layer, graph):
                 out4=ceil_div(o, 4), has_bias="bias" in layer.params)
 
 
-def _title(layer, graph, what):
-    c = _consts(layer, graph)
+def _title(c, what):
     act = "" if c["act"] == "none" else f" {c['act']}"
     return f"{what} {c['in_features']}->{c['out_features']}{act}"
 
@@ -31,7 +30,7 @@ def forward(layer, graph, plan):
     textures = [plan.tensor(layer.inputs[0]), "param:" + layer.params["weight"]]
     if c["has_bias"]:
         textures.append("param:" + layer.params["bias"])
-    k = Kernel(_title(layer, graph, "dense_forward"), "dense_forward.glsl.j2", tuple(inputs), consts=c)
+    k = Kernel(_title(c, "dense_forward"), "dense_forward.glsl.j2", tuple(inputs), consts=c)
     return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
 
 
@@ -40,15 +39,16 @@ def backward(layer, graph, plan):
     x, y = layer.inputs[0], layer.outputs[0]
     dy, ty, tx = plan.grad(y), plan.tensor(y), plan.tensor(x)
     w = layer.params["weight"]
-    passes = [Pass(Kernel(_title(layer, graph, "dense_grad_weight"), "dense_grad_weight.glsl.j2",
+    passes = [Pass(Kernel(_title(c, "dense_grad_weight"), "dense_grad_weight.glsl.j2",
                           ("DY", "Y", "X"), uniforms=("u_batch",), consts=c),
                    [dy, ty, tx], ["pgrad:" + w], "full", layer.name)]
     if c["has_bias"]:
-        passes.append(Pass(Kernel(_title(layer, graph, "dense_grad_bias"), "dense_grad_bias.glsl.j2",
+        passes.append(Pass(Kernel(_title(c, "dense_grad_bias"), "dense_grad_bias.glsl.j2",
                                   ("DY", "Y"), uniforms=("u_batch",), consts=c),
                            [dy, ty], ["pgrad:" + layer.params["bias"]], "full", layer.name))
-    if plan.alias.get(x, x) != graph.input:
-        passes.append(Pass(Kernel(_title(layer, graph, "dense_grad_input"), "dense_grad_input.glsl.j2",
+    target = grad_target(plan, layer, 0)
+    if target:
+        passes.append(Pass(Kernel(_title(c, "dense_grad_input"), "dense_grad_input.glsl.j2",
                                   ("DY", "Y", "W"), consts=c),
-                           [dy, ty, "param:" + w], [plan.grad(x)], "batch", layer.name))
+                           [dy, ty, "param:" + w], [target], "batch", layer.name))
     return passes

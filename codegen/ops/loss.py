@@ -2,10 +2,12 @@
 written into the output's gradient texture) and a value pass (the batch's mean loss,
 written into one texel of the loss ring, read back asynchronously every few steps).
 
-cross_entropy   torch.nn.functional.cross_entropy(logits, labels)
+cross_entropy   torch.nn.functional.cross_entropy(logits, labels)   (outputs of shape (classes,))
 mse             torch.nn.functional.mse_loss(output, targets)
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ..kernels import Kernel, Pass, glsl_float
 from .common import lanes
@@ -13,14 +15,14 @@ from .common import lanes
 LOSSES = ("cross_entropy", "mse")
 
 
-def loss_passes(loss, out_spec, plan):
-    out = out_spec.name
-    grad = "grad:" + out.split(":", 1)[1]
-    c = dict(lanes(out_spec.cols), cols_float=glsl_float(out_spec.cols))
+def loss_passes(loss, out_spec, grad_texture):
+    features = int(np.prod(out_spec.shape[1:]))
+    c = dict(lanes(out_spec.packing.chans), features=features, features_float=glsl_float(features),
+             sample_rows=out_spec.sample_rows, width=out_spec.width)
     if loss == "cross_entropy":
-        inputs, textures = ("Z", "LABELS"), [out, "labels"]
+        inputs, textures = ("Z", "LABELS"), [out_spec.name, "labels"]
     else:
-        inputs, textures = ("Y", "T"), [out, "targets"]
+        inputs, textures = ("Y", "T"), [out_spec.name, "targets"]
     g = Kernel(f"{loss}_grad", f"{loss}_grad.glsl.j2", inputs, uniforms=("u_batch",), consts=c)
     v = Kernel(f"{loss}_value", f"{loss}_value.glsl.j2", inputs, uniforms=("u_batch",), consts=c)
-    return [Pass(g, textures, [grad], "batch", loss), Pass(v, textures, ["loss"], "ring", loss)]
+    return [Pass(g, textures, [grad_texture], "batch", loss), Pass(v, textures, ["loss"], "ring", loss)]
