@@ -45,6 +45,7 @@ from .ir import Graph
 
 LOSS_RING = 64  # steps of mean loss kept on the GPU between asynchronous readbacks
 WEBGL2_MIN_TEXTURE_SIZE = 2048  # every WebGL2 device supports at least this
+LARGEST_TEXTURE_SIZE = 32768  # no WebGL2 device reports more
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -252,3 +253,15 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     ring = matrix_packing(1, 4 * LOSS_RING)
     add(TextureSpec("loss", "loss", (LOSS_RING,), ring, 1))
     return LayoutPlan(textures, act_alias, grad_targets, grad_sums, grad_alias, needs)
+
+
+def check_layout(plan: LayoutPlan) -> None:
+    """Fail at build time for a texture that no device could hold, even folded."""
+    from .load import BuildError
+
+    for t in plan.textures.values():
+        if t.width * t.height > LARGEST_TEXTURE_SIZE ** 2:
+            raise BuildError(f"texture {t.name!r} of {t.role} with shape {list(t.shape)} needs {t.width}x{t.height} "
+                             f"texels: more than a texture of the largest size any device supports "
+                             f"({LARGEST_TEXTURE_SIZE}x{LARGEST_TEXTURE_SIZE}) can hold; lower --max-batch or "
+                             "the input size")

@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from texelfit.build import compile_onnx
 from texelfit.prep.load import export_simplified
@@ -58,3 +59,128 @@ async ([url, options, args]) => {
 def run_model(page, url, body: str, args=None, options=None):
     """Run `body` (JavaScript with m, mod, args and arr in scope; it may `return`) against a fresh model."""
     return page.evaluate(_RUN % body, [url, options or {}, args])
+
+
+# ---- training trajectories ----------------------------------------------------------------------
+
+ONE_STEP = dict(atol=1e-6, rtol=1e-5)
+TRAJ_W = dict(atol=2e-5, rtol=2e-4)
+TRAJ_LOSS = dict(atol=1e-5, rtol=1e-4)
+
+OPTIMIZERS = {
+    "sgd": {"type": "sgd", "lr": 0.1},
+    "sgd_momentum_wd": {"type": "sgd", "lr": 0.05, "momentum": 0.9, "weightDecay": 1e-3},
+    "sgd_nesterov": {"type": "sgd", "lr": 0.05, "momentum": 0.8, "nesterov": True, "weightDecay": 1e-2},
+    "sgd_dampening": {"type": "sgd", "lr": 0.05, "momentum": 0.9, "dampening": 0.3},
+    "adam": {"type": "adam", "lr": 1e-2, "weightDecay": 1e-2},
+    "adam_betas": {"type": "adam", "lr": 3e-3, "betas": [0.8, 0.99], "eps": 1e-6},
+    "adamw": {"type": "adamw", "lr": 1e-2, "weightDecay": 0.1},
+}
+
+
+def torch_optimizer(cfg, params):
+    t = cfg["type"]
+    if t == "sgd":
+        return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg.get("momentum", 0),
+                               dampening=cfg.get("dampening", 0), nesterov=cfg.get("nesterov", False),
+                               weight_decay=cfg.get("weightDecay", 0))
+    kw = dict(lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8))
+    if t == "adam":
+        return torch.optim.Adam(params, weight_decay=cfg.get("weightDecay", 0), **kw)
+    return torch.optim.AdamW(params, weight_decay=cfg.get("weightDecay", 1e-2), **kw)
+
+
+def torch_fit(module, x, y, loss, cfg, batch_size, epochs):
+    opt = torch_optimizer(cfg, module.parameters())
+    losses = []
+    for _ in range(epochs):
+        for s in range(0, len(x), batch_size):
+            xb, yb = x[s:s + batch_size], y[s:s + batch_size]
+            opt.zero_grad()
+            out = module(xb)
+            value = F.cross_entropy(out, yb) if loss == "cross_entropy" else F.mse_loss(out, yb)
+            value.backward()
+            opt.step()
+            losses.append(value.item())
+    return losses
+
+
+FIT = """
+    const x = new Float32Array(args.x);
+    const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);
+    let calls = 0;
+    const r = await m.fit(x, y, { batchSize: args.batchSize, epochs: args.epochs, shuffle: false,
+                                  loss: args.loss, optimizer: args.optimizer, onStep: () => { calls++; } });
+    return { loss: r.loss, weights: arr(await m.getWeights()), calls, info: m.info, folded: m.info.foldedTextures };
+"""
+
+
+def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_size, epochs, tol_w, tol_loss,
+                   options=None, max_batch=64, seed=7):
+    """Train in the page and in PyTorch from the same weights on the same batches; compare the loss
+    of every step and every weight at the end. Returns what the page returned."""
+    torch.manual_seed(seed)
+    module = factory()
+    url = build_module(site, f"train_{factory.__name__}_{max_batch}", module, shape, max_batch=max_batch)
+    x = torch.randn((samples,) + tuple(shape))
+    out_shape = tuple(module(x[:1]).shape[1:])
+    if loss == "cross_entropy":
+        y = torch.randint(0, out_shape[0], (samples,))
+        y_js = y.tolist()
+    else:
+        y = torch.randn((samples,) + out_shape)
+        y_js = y.reshape(-1).tolist()
+    cfg = OPTIMIZERS[opt_name]
+    got = run_model(web, url, FIT, {"x": x.reshape(-1).tolist(), "y": y_js, "loss": loss, "optimizer": cfg,
+                                    "batchSize": batch_size, "epochs": epochs}, options)
+    ref_losses = torch_fit(module, x, y, loss, cfg, batch_size, epochs)
+    steps = epochs * -(-samples // batch_size)
+    assert len(got["loss"]) == steps and got["calls"] == steps
+    assert_close(f"{opt_name}/{loss} losses", got["loss"], ref_losses, **tol_loss)
+    for name, ref in torch_state(module).items():
+        assert_close(f"{opt_name}/{loss} {name} after {steps} steps", got["weights"][name], ref, **tol_w)
+    return got
+
+
+
+# ---- ops ----------------------------------------------------------------------------------------
+
+FWD = dict(atol=2e-5, rtol=2e-4)
+GRAD = dict(atol=2e-6, rtol=2e-4)
+
+
+def check_op(web, site, case: str, module: torch.nn.Module, shape, loss: str, *, batch=5, seed=0,
+             fwd=FWD, grad=GRAD, options=None):
+    """Forward output and the gradient of every weight against PyTorch autograd.
+
+    Builds the bundle, runs `predict` and `gradients` in the page on random data, and compares
+    tensor by tensor with |got - ref| <= atol + rtol * |ref|. The loss is taken on the raw output
+    (class logits for cross_entropy, any shape for mse)."""
+    torch.manual_seed(seed)
+    module = module.eval()
+    url = build_module(site, f"op_{case}", module, shape)
+    x = torch.randn((batch,) + tuple(shape))
+    out_shape = module(x).shape[1:]
+    if loss == "cross_entropy":
+        y = torch.randint(0, out_shape[0], (batch,))
+        y_js = y.tolist()
+    else:
+        y = torch.randn((batch,) + tuple(out_shape))
+        y_js = y.reshape(-1).tolist()
+    got = run_model(web, url, """
+        const x = new Float32Array(args.x);
+        const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);
+        const out = Array.from(await m.predict(x, args.batch));
+        const grads = arr(await m.gradients(x, y, { loss: args.loss }));
+        return { out, grads };
+    """, {"x": x.reshape(-1).tolist(), "y": y_js, "loss": loss, "batch": batch}, options)
+
+    module.zero_grad()
+    out = module(x)
+    ref_loss = F.cross_entropy(out, y) if loss == "cross_entropy" else F.mse_loss(out, y)
+    ref_loss.backward()
+    assert_close(f"{case} forward", got["out"], out.detach().numpy(), **fwd)
+    named = dict(module.named_parameters())
+    assert sorted(got["grads"]) == sorted(named), "gradients are keyed by the state_dict names"
+    for name, p in named.items():
+        assert_close(f"{case} d{loss}/d{name}", got["grads"][name], p.grad.numpy(), **grad)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -48,4 +49,130 @@ OP_CASES = {
     "dropout_identity": (lambda: nn.Sequential(nn.Linear(45, 31), nn.Dropout(0.5), nn.ReLU(), nn.Identity(),
                                                nn.Linear(31, 7)), (45,)),
     "sigmoid_output": (lambda: nn.Sequential(nn.Linear(45, 9), nn.Sigmoid()), (45,)),
+}
+
+
+# ---- convolutional networks ----------------------------------------------------------------------
+
+class Residual(nn.Module):
+    """conv -> relu -> conv, plus the block's input: a tensor with two consumers."""
+
+    def __init__(self, c=5):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, c, 3, padding=1)
+        self.c2 = nn.Conv2d(c, c, 3, padding=1)
+        self.c3 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        z = y + self.c2(torch.relu(y))
+        return torch.tanh(self.c3(z)) + z
+
+
+class Concat(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 3, 3, padding=1)
+        self.b = nn.Conv2d(3, 5, 1)
+        self.c = nn.Conv2d(8, 4, 3, stride=2)
+
+    def forward(self, x):
+        return self.c(torch.cat([torch.relu(self.a(x)), self.b(x)], 1))
+
+
+class MeanHead(nn.Module):
+    """x.mean(dim=(2, 3)) exports ReduceMean over H, W with keepdims=0."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, stride=2, padding=1)
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+class SmallCNN(nn.Module):
+    """conv -> relu -> pool -> conv -> relu -> pool -> flatten -> linear."""
+
+    def __init__(self, c_in=1, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, 6, 3, padding=1)
+        self.conv2 = nn.Conv2d(6, 9, 3)
+        self.fc = nn.Linear(9 * 2 * 2, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc(torch.flatten(x, 1))
+
+
+class ResidualCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 4, 3, padding=1)
+        self.block = nn.Conv2d(4, 4, 3, padding=1)
+        self.head = nn.Linear(4, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        y = torch.relu(y + self.block(y))
+        return self.head(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(5)
+        self.conv2 = nn.Conv2d(5, 6, 3, stride=2)
+        self.bn2 = nn.BatchNorm2d(6)
+        self.fc = nn.Linear(6, 7)
+        self.bn3 = nn.BatchNorm1d(7)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x)))
+        x = torch.relu(self.bn2(self.conv2(x)))
+        return self.bn3(self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1)))
+
+
+def _seq(*layers):
+    return lambda: nn.Sequential(*layers)
+
+
+IMG = (3, 13, 11)
+# name -> (factory, per-sample input shape, loss); output 4-D -> mse on the raw output
+CNN_CASES = {
+    "conv3x3": (_seq(nn.Conv2d(3, 5, 3)), IMG, "mse"),
+    "conv_stride2_pad1": (_seq(nn.Conv2d(3, 5, 3, stride=2, padding=1)), IMG, "mse"),
+    "conv_pad_0_2": (_seq(nn.Conv2d(3, 5, 3, padding=(0, 2))), IMG, "mse"),
+    "conv_dilation2": (_seq(nn.Conv2d(3, 5, 3, dilation=2, padding=1)), IMG, "mse"),
+    "conv_kernel_2x3_stride_2x1": (_seq(nn.Conv2d(5, 3, (2, 3), stride=(2, 1))), (5, 13, 11), "mse"),
+    "conv_1x1_no_bias": (_seq(nn.Conv2d(5, 9, 1, bias=False)), (5, 13, 11), "mse"),
+    "conv_groups2": (_seq(nn.Conv2d(6, 4, 3, groups=2, padding=1)), (6, 13, 11), "mse"),
+    "conv_depthwise": (_seq(nn.Conv2d(5, 5, 3, groups=5, padding=1)), (5, 13, 11), "mse"),
+    "conv_depthwise_multiplier": (_seq(nn.Conv2d(3, 6, 3, groups=3, stride=2)), IMG, "mse"),
+    "conv_asymmetric_pad": (_seq(nn.ZeroPad2d((1, 0, 2, 1)), nn.Conv2d(3, 5, 3)), IMG, "mse"),
+    "conv_relu_fused": (_seq(nn.Conv2d(3, 5, 3), nn.ReLU()), IMG, "mse"),
+    "conv_tanh_sigmoid_leaky": (_seq(nn.Conv2d(3, 5, 3), nn.Tanh(), nn.Conv2d(5, 4, 3, padding=1), nn.Sigmoid(),
+                                     nn.Conv2d(4, 3, 1), nn.LeakyReLU(0.1)), IMG, "mse"),
+    "activation_on_input_and_after_pool": (_seq(nn.ReLU(), nn.Conv2d(3, 5, 3), nn.MaxPool2d(2), nn.Tanh(),
+                                                nn.Conv2d(5, 4, 3)), IMG, "mse"),
+    "maxpool2": (_seq(nn.Conv2d(3, 5, 3), nn.MaxPool2d(2)), IMG, "mse"),
+    "maxpool3_s2_ceil": (_seq(nn.Conv2d(3, 5, 3), nn.MaxPool2d(3, stride=2, ceil_mode=True)), IMG, "mse"),
+    "maxpool3_s2_floor": (_seq(nn.Conv2d(3, 5, 3), nn.MaxPool2d(3, stride=2, ceil_mode=False)), IMG, "mse"),
+    "maxpool_padding1": (_seq(nn.Conv2d(3, 5, 3), nn.MaxPool2d(3, stride=2, padding=1)), IMG, "mse"),
+    "avgpool_pad_include": (_seq(nn.Conv2d(3, 5, 3), nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=True)),
+                            IMG, "mse"),
+    "avgpool_pad_exclude_ceil": (_seq(nn.Conv2d(3, 5, 3), nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True,
+                                                                        count_include_pad=False)), IMG, "mse"),
+    "avgpool_ceil_include": (_seq(nn.Conv2d(3, 5, 3), nn.AvgPool2d(2, ceil_mode=True)), IMG, "mse"),
+    "global_avgpool_flatten_linear": (_seq(nn.Conv2d(3, 5, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                           nn.Linear(5, 7)), IMG, "cross_entropy"),
+    "reduce_mean_linear": (MeanHead, IMG, "cross_entropy"),
+    "flatten_nchw_linear": (_seq(nn.Conv2d(3, 5, 3, stride=2), nn.ReLU(), nn.Flatten(), nn.Linear(5 * 6 * 5, 7)),
+                            IMG, "cross_entropy"),
+    "residual_add": (Residual, IMG, "mse"),
+    "concat": (Concat, IMG, "mse"),
+    "small_cnn": (lambda: SmallCNN(3, 7), (3, 13, 13), "cross_entropy"),
 }

@@ -15,7 +15,7 @@ from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
 from texelfit.prep.ir import Graph
-from texelfit.prep.layout import LayoutPlan, plan_layout
+from texelfit.prep.layout import LayoutPlan, check_layout, plan_layout
 from texelfit.prep.load import BuildError, load_onnx
 
 LOSSES = ("cross_entropy", "mse")
@@ -41,6 +41,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64,
     if not graph.params:
         raise BuildError("the model has no trainable weights")
     plan = plan_layout(graph, max_batch)
+    check_layout(plan)
     schedule = build_schedule(graph, plan)
     ctx = model_context(name, graph, plan, schedule, max_batch, loss)
     files = render_bundle(ctx)

@@ -1,0 +1,49 @@
+"""Every op of convolutional networks, forward and gradient, against PyTorch autograd.
+
+Odd shapes: 3 and 5 channels, 13x11 images, stride 2, padding 1, (0, 2) and asymmetric, dilation 2,
+groups 1, 2 and depthwise, ceil_mode both ways; driven from models.CNN_CASES through the one
+`check_op` helper. Tolerances as in test_ops.py:
+  forward    atol 2e-5 + rtol 2e-4 * |ref|
+  gradients  atol 2e-6 + rtol 2e-4 * |ref|
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import FWD, assert_close, build_module, check_op, run_model
+from models import CNN_CASES, BatchNormNet
+
+
+@pytest.mark.parametrize("case", sorted(CNN_CASES))
+def test_forward_and_gradients(web, site, case):
+    factory, shape, loss = CNN_CASES[case]
+    check_op(web, site, case, factory(), shape, loss, batch=3, seed=zlib.crc32(case.encode()) % 1000)
+
+
+def test_batchnorm_is_folded_into_the_conv(web, site):
+    torch.manual_seed(5)
+    m = BatchNormNet()
+    for bn in (m.bn, m.bn2, m.bn3):  # non-trivial running statistics and affine parameters
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.data.uniform_(0.5, 1.5)
+        bn.bias.data.uniform_(-0.3, 0.3)
+    m.eval()
+    url = build_module(site, "batchnorm", m, (3, 13, 11))
+    x = torch.randn(4, 3, 13, 11)
+    got = run_model(web, url, """
+        const out = Array.from(await m.predict(new Float32Array(args), 4));
+        return { out, weights: arr(await m.getWeights()) };
+    """, x.reshape(-1).tolist())
+    assert_close("batch-norm net forward", got["out"], m(x).detach().numpy(), **FWD)
+    # the folded tensors, under the conv's (and linear's) names; a conv without bias gains one
+    assert sorted(got["weights"]) == ["conv.bias", "conv.weight", "conv2.bias", "conv2.weight", "fc.bias", "fc.weight"]
+    s = (m.bn.weight / torch.sqrt(m.bn.running_var + m.bn.eps)).detach()
+    assert_close("folded conv.weight", got["weights"]["conv.weight"],
+                 (m.conv.weight * s[:, None, None, None]).detach().numpy(), atol=1e-7, rtol=1e-6)
+    assert_close("folded conv.bias", got["weights"]["conv.bias"],
+                 (m.bn.bias - m.bn.running_mean * s).detach().numpy(), atol=1e-7, rtol=1e-6)
