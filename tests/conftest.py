@@ -30,15 +30,19 @@ def browser_type_launch_args(browser_type_launch_args):
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
-    extra_headers: dict = {}
+    def __init__(self, *args, headers_for=None, **kwargs):
+        self.headers_for = headers_for or {}
+        super().__init__(*args, **kwargs)
 
     def log_message(self, *args):  # keep test output quiet
         pass
 
     def end_headers(self):
         self.send_header("Cache-Control", "no-store")
-        for k, v in self.extra_headers.items():
-            self.send_header(k, v)
+        for prefix, headers in self.headers_for.items():  # e.g. a Content-Security-Policy for a folder
+            if self.path.startswith(prefix):
+                for k, v in headers.items():
+                    self.send_header(k, v)
         super().end_headers()
 
 
@@ -54,7 +58,8 @@ class Site:
         self.root = str(root)
         with open(os.path.join(self.root, "index.html"), "wb") as f:
             f.write(INDEX)
-        handler = functools.partial(_Handler, directory=self.root)
+        self.headers_for: dict[str, dict[str, str]] = {}  # URL path prefix -> extra response headers
+        handler = functools.partial(_Handler, directory=self.root, headers_for=self.headers_for)
         self.httpd = _Server(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
