@@ -76,8 +76,10 @@ def serialize(schedule: Schedule) -> tuple[list[dict], dict]:
         sid = source_id(src)
         if sid not in index:
             index[sid] = len(kernels)
+            # template and consts let the CPU backend run the same kernel (runtime/cpu.js.j2)
             kernels.append({"id": sid, "name": k.name, "source": src, "inputs": list(k.inputs),
-                            "outputs": k.outputs, "uniforms": list(k.uniforms)})
+                            "outputs": k.outputs, "uniforms": list(k.uniforms),
+                            "template": k.template.removesuffix(".glsl.j2"), "consts": _json_consts(k.consts)})
         return index[sid]
 
     def passes(ps: list[Pass]) -> list[dict]:
@@ -92,6 +94,11 @@ def serialize(schedule: Schedule) -> tuple[list[dict], dict]:
         "swaps": schedule.swaps,
     }
     return kernels, data
+
+
+def _json_consts(consts: dict) -> dict:
+    """The kernel's constants as plain JSON values (GLSL-formatted floats stay strings)."""
+    return {k: v for k, v in sorted(consts.items()) if k != "kernel"}
 
 
 __all__ = ["Pass", "Schedule", "build_schedule", "serialize"]
