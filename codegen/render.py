@@ -12,6 +12,8 @@ import numpy as np
 
 from texelfit.prep.ir import Graph
 from texelfit.prep.layout import LOSS_RING, LayoutPlan
+from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
+from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
 from .kernels import template_env
 from .schedule import Schedule, serialize
@@ -25,16 +27,19 @@ def _js_json(obj) -> str:
 
 
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
-                  default_loss: str) -> dict:
+                  default_loss: str, weights: Quantized | None = None) -> dict:
+    """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given."""
     kernels, sched = serialize(schedule)
-    blob = bytearray()
-    params = []
+    if weights is None:
+        weights = quantize(graph, "none")
+    assert [t.name for t in weights.tensors] == list(graph.params), "the blob must hold the graph's params in order"
+    params, offset = [], 0
     for p in graph.params.values():
+        # decodeWeights returns the tensors one after another in the state_dict layout; the packing reads it
         spec = plan.textures["param:" + p.name]
-        arr = np.ascontiguousarray(p.array, dtype="<f4")  # the state_dict layout; the packing reads it
         params.append({"name": p.name, "texture": spec.name, "shape": list(p.array.shape),
-                       "offset": len(blob) // 4, "length": int(arr.size)})
-        blob += arr.tobytes()
+                       "offset": offset, "length": int(p.array.size)})
+        offset += int(p.array.size)
     # packing: [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c] (prep/layout.py); for per-sample
     # textures it describes max_batch samples, and one sample is `sampleRows` rows of it
     textures = [{"name": t.name, "width": t.width, "height": t.height, "packing": t.packing.to_json(),
@@ -65,7 +70,12 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "kernels_json": _js_json(kernels),
         "schedule_json": _js_json(sched),
         "model_version": VERSION,
-        "weights_b64": base64.b64encode(bytes(blob)).decode("ascii"),
+        "weights_b64": base64.b64encode(weights.blob).decode("ascii"),
+        "weights_note": (f"{weights.mode}, {len(weights.blob)} bytes, "
+                         f"CRC-32 {int.from_bytes(weights.blob[-4:], 'little'):08x}"),
+        "weights_version": WEIGHTS_VERSION,
+        "weights_header": HEADER,
+        "weights_entry": ENTRY,
         "input_shape": list(graph.input_shape),
         "output_shape": list(graph.output_shape),
         "param_names": [p.name for p in graph.params.values()],

@@ -176,3 +176,57 @@ CNN_CASES = {
     "concat": (Concat, IMG, "mse"),
     "small_cnn": (lambda: SmallCNN(3, 7), (3, 13, 13), "cross_entropy"),
 }
+
+
+# ---- pruning --------------------------------------------------------------------------------------
+
+class PrunableNet(nn.Module):
+    """Every channel coupling the pruner follows, on a (3, 12, 10) input: a folded batch-norm, a
+    residual add, a depthwise conv, a concat of two branches, a depthwise conv with a channel
+    multiplier, a flatten into a hidden dense layer. Activations are relu/tanh (f(0) = 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 10, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(10)
+        self.block = nn.Conv2d(10, 10, 3, padding=1)
+        self.dw = nn.Conv2d(10, 10, 3, padding=1, groups=10)
+        self.side = nn.Conv2d(3, 6, 3, stride=2, padding=1)
+        self.mix = nn.Conv2d(16, 11, 1)
+        self.dw2 = nn.Conv2d(11, 22, (1, 2), groups=11, padding=(0, 1))
+        self.fc1 = nn.Linear(22 * 3 * 3, 21)
+        self.fc2 = nn.Linear(21, 7)
+        with torch.no_grad():  # batch-norm statistics that are not the identity
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.uniform_(0.5, 1.5)
+            self.bn.bias.uniform_(-0.2, 0.2)
+
+    def forward(self, x):
+        a = torch.relu(self.bn(self.stem(x)))                     # (10, 12, 10)
+        a = torch.relu(a + self.block(a))                         # add: stem and block pruned together
+        a = F.max_pool2d(torch.tanh(self.dw(a)), 2)               # (10, 6, 5)
+        b = torch.relu(self.side(x))                              # (6, 6, 5)
+        c = torch.relu(self.mix(torch.cat([a, b], 1)))           # (11, 6, 5)
+        c = F.avg_pool2d(torch.tanh(self.dw2(c)), 2)              # (22, 6, 6) -> (22, 3, 3)
+        return self.fc2(torch.relu(self.fc1(torch.flatten(c, 1))))
+
+
+PRUNABLE_SHAPE = (3, 12, 10)
+
+
+class DigitsCNNWidth(nn.Module):
+    """texelfit.examples.DigitsCNN with its widths as arguments: the reference for a pruned one."""
+
+    def __init__(self, c1=16, c2=32, c3=32):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, c1, 3, padding=1)
+        self.conv2 = nn.Conv2d(c1, c2, 3, padding=1)
+        self.conv3 = nn.Conv2d(c2, c3, 3, padding=1)
+        self.fc = nn.Linear(c3 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.conv1(x))
+        x = F.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.relu(self.conv3(x))
+        return self.fc(torch.flatten(x, 1))

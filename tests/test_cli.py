@@ -69,7 +69,7 @@ def test_state_dict_alone_is_explained(sources, tmp_path):
 
 
 @pytest.mark.parametrize("error_case", ["unsupported_op", "missing_shape", "bad_weights", "bad_prune", "no_module",
-                                        "quantize_later"])
+                                        "quantize_unknown"])
 def test_errors_are_one_clear_line(sources, tmp_path, error_case):
     d, _ = sources
     torch.save({"0.weight": torch.zeros(3, 3)}, tmp_path / "wrong.pt")
@@ -80,7 +80,7 @@ def test_errors_are_one_clear_line(sources, tmp_path, error_case):
                         ["does not fit the model"]),
         "bad_prune": ([str(d / "mlp.onnx"), "--prune", "1.5"], ["--prune must be in [0, 1)"]),
         "no_module": (["no_such_module_xyz:Net", "--input-shape", "4"], ["cannot import module 'no_such_module_xyz'"]),
-        "quantize_later": ([str(d / "mlp.onnx"), "--quantize", "int8"], ["not yet supported"]),
+        "quantize_unknown": ([str(d / "mlp.onnx"), "--quantize", "int4"], ["--quantize", "invalid choice: 'int4'"]),
     }[error_case]
     r = texelfit("build", *args, "--out", str(tmp_path / "o"))
     assert r.returncode != 0

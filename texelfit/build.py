@@ -1,13 +1,25 @@
 """The build pipeline: each stage a pure function of the previous stage's value.
 
-    prep.load -> ONNX (onnxsim) -> prep.graph (IR) -> prep.fold -> prep.fuse -> prep.layout
-      -> codegen.schedule -> codegen.render -> files in DIR
+    prep.load -> ONNX (onnxsim) -> prep.graph (IR) -> prep.fold -> prep.prune [-> fine-tune in PyTorch]
+      -> prep.quantize -> prep.fuse -> prep.layout -> codegen.schedule -> codegen.render -> files in DIR
+
+Defaults: `--quantize none` and `--prune 0`. A first bundle should be the user's model, exactly: its
+predictions match PyTorch to float32 rounding, so the page can be checked against the model it came
+from. Both reductions change the model and are one flag away: `--quantize fp16` halves the weights
+(relative error <= 2^-11 a weight, rarely visible in accuracy), `--quantize int8` quarters them, and
+`--prune R` removes channels (check the accuracy the build prints; `--finetune-epochs` recovers most
+of it). Channel counts are rounded to multiples of 4 unless `round_channels=False`.
+
+When evaluation data is known (the digits for the example models, or `eval_data`), the report
+records the accuracy before pruning, after pruning, after fine-tuning and of the shipped weights.
 """
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import dataclass
+
+import numpy as np
 
 from texelfit.codegen.render import model_context, render_bundle, report
 from texelfit.codegen.schedule import build_schedule
@@ -17,8 +29,22 @@ from texelfit.prep.graph import to_ir
 from texelfit.prep.ir import Graph
 from texelfit.prep.layout import LayoutPlan, check_layout, plan_layout
 from texelfit.prep.load import BuildError, load_onnx
+from texelfit.prep.prune import apply_prune, check_ratio, plan_prune
+from texelfit.prep.quantize import MODES, Quantized, quantize as quantize_weights
 
 LOSSES = ("cross_entropy", "mse")
+DEFAULT_QUANTIZE = "none"
+DEFAULT_PRUNE = 0.0
+FINETUNE_LR = 1e-3
+
+
+@dataclass
+class Data:
+    """Samples for evaluation or fine-tuning: x of shape (N,) + input shape, y labels or targets."""
+
+    x: np.ndarray
+    y: np.ndarray
+    what: str  # e.g. "digits validation split (360 samples)"
 
 
 @dataclass
@@ -27,43 +53,179 @@ class BuildResult:
     plan: LayoutPlan
     files: dict[str, str]  # file name -> text
     report: dict
+    weights: Quantized | None = None
 
 
-def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64,
-                 loss: str = "cross_entropy") -> BuildResult:
+def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, loss: str = "cross_entropy",
+                 quantize: str = DEFAULT_QUANTIZE, prune: float = DEFAULT_PRUNE, round_channels: bool = True,
+                 finetune_epochs: int = 0, finetune_data: Data | None = None, finetune_lr: float = FINETUNE_LR,
+                 eval_data: Data | None = None, progress: bool = False) -> BuildResult:
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BuildError(f"--name {name!r} must be letters, digits, '-' and '_' only")
     if not isinstance(max_batch, int) or not 1 <= max_batch <= 4096:
         raise BuildError(f"--max-batch must be an integer from 1 to 4096, got {max_batch}")
     if loss not in LOSSES:
         raise BuildError(f"--loss must be one of {', '.join(LOSSES)}, got {loss!r}")
-    graph = fuse_activations(fold_batchnorm(to_ir(model, input_shape)))
-    if not graph.params:
+    if quantize not in MODES:
+        raise BuildError(f"--quantize must be one of {', '.join(MODES)}, got {quantize!r}")
+    prune = check_ratio(prune)
+    if not isinstance(finetune_epochs, int) or finetune_epochs < 0:
+        raise BuildError(f"--finetune-epochs must be an integer >= 0, got {finetune_epochs!r}")
+    if finetune_epochs and finetune_data is None:
+        raise BuildError("--finetune-epochs needs data: give --finetune-data FILE.npz (arrays x and y); "
+                         "only the example models know theirs")
+
+    full = fold_batchnorm(to_ir(model, input_shape))
+    if not full.params:
         raise BuildError("the model has no trainable weights")
+    if eval_data is not None:
+        eval_data = check_data(eval_data, full, loss, "--eval-data")
+    if finetune_data is not None:
+        finetune_data = check_data(finetune_data, full, loss, "--finetune-data")
+
+    acc: dict = {}
+    if eval_data is not None:
+        acc = {"data": eval_data.what, "samples": int(len(eval_data.y))}
+        acc.update(_evaluate(full, eval_data, "before"))
+    prune_plan = plan_prune(full, prune, round_to=4 if round_channels else 1)
+    graph = apply_prune(full, prune_plan)
+    if eval_data is not None and prune:
+        acc.update(_evaluate(graph, eval_data, "after_prune"))
+    if finetune_epochs:
+        from texelfit.train import finetune_graph
+
+        graph = finetune_graph(graph, finetune_data.x, finetune_data.y, epochs=finetune_epochs, lr=finetune_lr,
+                               loss=loss, progress=progress)
+        if eval_data is not None:
+            acc.update(_evaluate(graph, eval_data, "after_finetune"))
+    weights = quantize_weights(graph, quantize)
+    if eval_data is not None:
+        acc.update(_evaluate(weights.graph, eval_data, "after_quantize"))
+
+    graph = fuse_activations(weights.graph)
     plan = plan_layout(graph, max_batch)
     check_layout(plan)
     schedule = build_schedule(graph, plan)
-    ctx = model_context(name, graph, plan, schedule, max_batch, loss)
+    ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights)
     files = render_bundle(ctx)
     rep = report(name, graph, plan, ctx, files)
+
+    from texelfit.report import layer_table
+
+    rep["table"] = layer_table(fuse_activations(full), graph, plan, weights)
+    rep["prune"] = prune_plan.report()
+    rep["prune"]["finetune_epochs"] = finetune_epochs
+    rep["quantize"] = weights.report()
+    rep["accuracy"] = acc or None
     files["report.json"] = json.dumps(rep, indent=2, sort_keys=True) + "\n"
-    return BuildResult(graph, plan, files, rep)
+    return BuildResult(graph, plan, files, rep, weights)
+
+
+def _evaluate(graph: Graph, data: Data, stage: str) -> dict:
+    from texelfit.prep.torch_ir import evaluate
+
+    (metric, value), = evaluate(graph, data.x, data.y).items()
+    return {"metric": metric, stage: value}
+
+
+def check_data(d: Data, graph: Graph, loss: str, what: str) -> Data:
+    """The samples shaped for the model; one line naming the problem when they do not fit it."""
+    n, shape = len(d.x), graph.input_shape
+    if n == 0:
+        raise BuildError(f"{what}: x holds no samples")
+    if d.x.size != n * int(np.prod(shape)):
+        raise BuildError(f"{what}: x has shape {d.x.shape}, which does not hold samples of the model's input "
+                         f"shape {shape}")
+    x = np.asarray(d.x, dtype=np.float32).reshape((n,) + tuple(shape))
+    if not np.all(np.isfinite(x)):
+        raise BuildError(f"{what}: x has non-finite values")
+    y = np.asarray(d.y)
+    if len(y) != n:
+        raise BuildError(f"{what}: y has {len(y)} entries for {n} samples")
+    out = graph.output_shape
+    if np.issubdtype(y.dtype, np.integer):
+        if len(out) != 1 or y.ndim != 1:
+            raise BuildError(f"{what}: integer labels y need a model whose output is class logits; it is {out}")
+        if y.min() < 0 or y.max() >= out[0]:
+            raise BuildError(f"{what}: labels must be class indices in [0, {out[0]}), found "
+                             f"{int(y.min())} .. {int(y.max())}")
+        if loss != "cross_entropy" and what == "--finetune-data":
+            raise BuildError(f"{what}: integer labels need --loss cross_entropy")
+    else:
+        if y.size != n * int(np.prod(out)):
+            raise BuildError(f"{what}: y has {y.size} values, expected {n} x {int(np.prod(out))} (the output "
+                             "shape); for accuracy give integer class labels")
+        if loss == "cross_entropy" and what == "--finetune-data":
+            raise BuildError(f"{what}: cross_entropy needs integer class labels y")
+    return Data(x, y, d.what)
+
+
+def load_data(path: str, what: str) -> Data:
+    """An .npz with arrays x (samples; reshaped to the model's input shape) and y (labels or targets)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if "x" not in f or "y" not in f:
+                raise BuildError(f"{what} {path} must hold arrays named x and y (it has {', '.join(f.files) or 'none'})")
+            x, y = f["x"], f["y"]
+    except BuildError:
+        raise
+    except Exception as e:
+        raise BuildError(f"cannot read {what} {path} as an .npz file: {' '.join(str(e).split())}") from None
+    if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)) or x.ndim == 0:
+        raise BuildError(f"{what} {path}: x and y must be numeric arrays, x with one sample per row")
+    return Data(x, y, f"{os.path.basename(path)} ({len(y)} samples)")
+
+
+def digits_data(input_shape) -> tuple[Data, Data]:
+    """(training split, validation split) of the digits, shaped for the model."""
+    from texelfit.examples import digits_split
+
+    (xt, yt), (xv, yv) = digits_split(input_shape)
+    return (Data(xt, yt, f"digits training split ({len(yt)} samples)"),
+            Data(xv, yv, f"digits validation split ({len(yv)} samples)"))
 
 
 def build(source: str, out: str, *, name: str | None = None, weights: str | None = None, input_shape=None,
-          max_batch: int = 64, loss: str = "cross_entropy", quantize: str = "none", prune: float = 0.0,
-          trust_pickle: bool = False) -> BuildResult:
-    if quantize != "none":
-        raise BuildError(f"--quantize {quantize} is not yet supported (only none)")
-    if prune != 0:
-        raise BuildError(f"--prune {prune} is not yet supported (only 0)")
+          max_batch: int = 64, loss: str = "cross_entropy", quantize: str = DEFAULT_QUANTIZE,
+          prune: float = DEFAULT_PRUNE, round_channels: bool = True, finetune_epochs: int = 0,
+          finetune_data: str | None = None, finetune_lr: float = FINETUNE_LR, eval_data: str | None = None,
+          trust_pickle: bool = False, progress: bool = False) -> BuildResult:
+    result = compile_source(source, name=name, weights=weights, input_shape=input_shape, max_batch=max_batch,
+                            loss=loss, quantize=quantize, prune=prune, round_channels=round_channels,
+                            finetune_epochs=finetune_epochs, finetune_data=finetune_data, finetune_lr=finetune_lr,
+                            eval_data=eval_data, trust_pickle=trust_pickle, progress=progress)
+    write_files(out, result.files)
+    return result
+
+
+def compile_source(source: str, *, name: str | None = None, weights: str | None = None, input_shape=None,
+                   trust_pickle: bool = False, finetune_data: str | None = None, eval_data: str | None = None,
+                   **options) -> BuildResult:
+    """Load a source (and the data files named), and compile it; writes nothing."""
+    from texelfit.examples import KNOWN_SOURCES
+
+    if quantize := options.get("quantize"):
+        if quantize not in MODES:
+            raise BuildError(f"--quantize must be one of {', '.join(MODES)}, got {quantize!r}")
+    check_ratio(options.get("prune", 0.0))
     if name is None:
         base = os.path.basename(source.rstrip("/")).split(":")[-1]
         name = os.path.splitext(base)[0].replace(".", "_") or "model"
+    known = KNOWN_SOURCES.get(source)
+    if known and input_shape is None:
+        input_shape = known
+    train = evaluate = None
+    if known and tuple(input_shape) == tuple(known):
+        train, evaluate = digits_data(known)
+    if finetune_data:
+        train = load_data(finetune_data, "--finetune-data")
+    if eval_data:
+        evaluate = load_data(eval_data, "--eval-data")
     model = load_onnx(source, weights=weights, input_shape=input_shape, trust_pickle=trust_pickle)
-    result = compile_onnx(model, name=name, input_shape=input_shape, max_batch=max_batch, loss=loss)
-    write_files(out, result.files)
-    return result
+    if not options.get("finetune_epochs"):
+        train = None
+    return compile_onnx(model, name=name, input_shape=input_shape, finetune_data=train, eval_data=evaluate,
+                        **options)
 
 
 def write_files(out: str, files: dict[str, str]) -> None:
@@ -71,3 +233,29 @@ def write_files(out: str, files: dict[str, str]) -> None:
     for fname, text in files.items():
         with open(os.path.join(out, fname), "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
+
+
+def prune_sweep(source: str, ratios, *, weights: str | None = None, input_shape=None, trust_pickle: bool = False,
+                finetune_data: str | None = None, eval_data: str | None = None, progress: bool = False,
+                **options) -> list[dict]:
+    """Build the source at every pruning ratio (in memory); one point per ratio: the accuracy of the
+    shipped weights, the bundle's and the weights blob's bytes, and the parameter count."""
+    from texelfit.examples import KNOWN_SOURCES
+
+    if eval_data is None and source not in KNOWN_SOURCES:
+        raise BuildError("prune-sweep needs evaluation data: give --eval-data FILE.npz (arrays x and y)")
+    if not ratios:
+        raise BuildError("--ratios is empty")
+    points = []
+    for r in ratios:
+        res = compile_source(source, weights=weights, input_shape=input_shape, trust_pickle=trust_pickle,
+                             finetune_data=finetune_data, eval_data=eval_data, prune=r, progress=progress, **options)
+        acc = res.report["accuracy"]
+        if acc is None:
+            raise BuildError("prune-sweep needs evaluation data: give --eval-data FILE.npz (arrays x and y)")
+        name = res.report["name"]
+        points.append({"ratio": r, "metric": acc["metric"], "value": acc["after_quantize"],
+                       "before": acc["before"], "parameters": res.report["parameters"],
+                       "bundle_bytes": len(res.files[name + ".js"].encode()),
+                       "weights_bytes": res.report["quantize"]["blob_bytes"], "data": acc["data"]})
+    return points

@@ -1,13 +1,19 @@
-"""The command line: `texelfit build ...` and `texelfit demo`.
+"""The command line: `texelfit build`, `train`, `prune-sweep`, `import-weights` and `demo`.
 
 Every error exits non-zero with a one-line reason.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 from texelfit.prep.load import BuildError
+
+DEFAULT_SOURCE = "texelfit.examples:digits_cnn"  # texelfit.examples.DEFAULT_SOURCE (not imported: torch is slow)
+DEFAULT_CHECKPOINT = os.path.join("dist", "digits_cnn.pt")  # texelfit.train.DEFAULT_CHECKPOINT
+SWEEP_RATIOS = "0,0.25,0.5,0.625,0.75,0.875"
 
 
 def _shape(text: str):
@@ -25,9 +31,45 @@ def _ratio(text: str) -> float:
         r = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--prune must be a number in [0, 1), got {text!r}") from None
-    if not 0 <= r < 1:
+    if not 0 <= r < 1:  # also refuses nan
         raise argparse.ArgumentTypeError(f"--prune must be in [0, 1), got {text}")
     return r
+
+
+def _ratios(text: str) -> list[float]:
+    out = []
+    for part in text.split(","):
+        try:
+            r = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--ratios must be numbers in [0, 1) separated by commas, "
+                                             f"got {part!r}") from None
+        if not 0 <= r < 1:
+            raise argparse.ArgumentTypeError(f"--ratios must be in [0, 1), got {part}")
+        out.append(r)
+    return out
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return v
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = minimum - 1
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return v
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,47 +77,170 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"texelfit: error: {message}\n")
 
 
+def _model_options(b, *, sweep=False):
+    b.add_argument("--weights", help="state_dict for a package.module:Attr source (loaded with weights_only=True)")
+    b.add_argument("--input-shape", type=_shape, help="per-sample input shape without batch, e.g. 784 or 1,28,28")
+    b.add_argument("--max-batch", type=_count(1), default=64, help="largest batch predict and fit accept (default 64)")
+    b.add_argument("--loss", choices=["cross_entropy", "mse"], default="cross_entropy")
+    b.add_argument("--quantize", choices=["fp16", "int8", "none"], default="none",
+                   help="how the weights are shipped: none = float32 (default: the bundle is your model, exactly), "
+                        "fp16 = half (2x smaller), int8 = per-output-channel int8 (about 4x smaller)")
+    if not sweep:
+        b.add_argument("--prune", type=_ratio, default=0.0, metavar="RATIO",
+                       help="remove this fraction of the channels of every conv and hidden dense layer, lowest "
+                            "L1 norm first (0 <= RATIO < 1; default 0: no pruning)")
+    b.add_argument("--no-round-channels", dest="round_channels", action="store_false",
+                   help="keep exactly ceil((1 - RATIO) * C) channels instead of rounding up to a multiple of 4 "
+                        "(a texel holds 4 channels, so 4k+1 cost as much as 4k+4)")
+    b.add_argument("--finetune-epochs", type=_count(0), default=0, metavar="N",
+                   help="recovery fine-tuning in PyTorch after pruning (default 0), on the digits for the example "
+                        "models or on --finetune-data")
+    b.add_argument("--finetune-data", metavar="FILE.npz", help="fine-tuning data: arrays x and y")
+    b.add_argument("--finetune-lr", type=_positive_float, default=1e-3, metavar="LR",
+                   help="Adam learning rate of the fine-tuning (default 1e-3)")
+    b.add_argument("--eval-data", metavar="FILE.npz",
+                   help="evaluation data (arrays x and y): the report gives accuracy before and after pruning and "
+                        "quantisation (the example models evaluate on the digits validation split by default)")
+    b.add_argument("--trust-pickle", action="store_true",
+                   help="allow a fully pickled model file (unpickling runs code from the file)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="texelfit", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     b = sub.add_parser("build", help="build a model into one JavaScript bundle")
-    b.add_argument("source", help="an .onnx file, a TorchScript file, or package.module:Attr (with --weights)")
+    b.add_argument("source", help="an .onnx file, a TorchScript file, or package.module:Attr (with --weights); "
+                                  f"{DEFAULT_SOURCE} is the default model (see `texelfit train`)")
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--name", help="bundle name (default: from the source)")
-    b.add_argument("--weights", help="state_dict for a package.module:Attr source (loaded with weights_only=True)")
-    b.add_argument("--input-shape", type=_shape, help="per-sample input shape without batch, e.g. 784 or 1,28,28")
-    b.add_argument("--max-batch", type=int, default=64, help="largest batch predict and fit accept (default 64)")
-    b.add_argument("--loss", choices=["cross_entropy", "mse"], default="cross_entropy")
-    b.add_argument("--quantize", choices=["fp16", "int8", "none"], default="none")
-    b.add_argument("--prune", type=_ratio, default=0.0)
-    b.add_argument("--trust-pickle", action="store_true",
-                   help="allow a fully pickled model file (unpickling runs code from the file)")
+    _model_options(b)
 
-    d = sub.add_parser("demo", help="build the example model into dist/demo and serve a page that trains it")
+    t = sub.add_parser("train", help="train the default model (a small CNN) on scikit-learn's 8x8 digits")
+    t.add_argument("--epochs", type=_count(1), default=20, help="default 20")
+    t.add_argument("--lr", type=_positive_float, default=3e-3, help="Adam learning rate (default 3e-3)")
+    t.add_argument("--batch-size", type=_count(1), default=32, help="default 32")
+    t.add_argument("--seed", type=int, default=0, help="default 0")
+    t.add_argument("--out", default=DEFAULT_CHECKPOINT, help=f"checkpoint (state_dict) path (default {DEFAULT_CHECKPOINT})")
+
+    s = sub.add_parser("prune-sweep", help="accuracy and bundle size against the pruning ratio, as a plot (PNG)")
+    s.add_argument("source", nargs="?", default=DEFAULT_SOURCE,
+                   help=f"as for build (default {DEFAULT_SOURCE} with --weights {DEFAULT_CHECKPOINT})")
+    s.add_argument("--ratios", type=_ratios, default=_ratios(SWEEP_RATIOS), help=f"default {SWEEP_RATIOS}")
+    s.add_argument("--out", default=os.path.join("dist", "prune_sweep.png"),
+                   help="the plot; the numbers go beside it as .json (default dist/prune_sweep.png)")
+    _model_options(s, sweep=True)
+
+    i = sub.add_parser("import-weights", help="weights saved from the browser back into PyTorch (.pt) or ONNX")
+    i.add_argument("file", help="JSON of getWeights() (the demo's Download weights)")
+    i.add_argument("--source", required=True,
+                   help="the architecture: as for build, or the NAME.onnx written beside a pruned bundle")
+    i.add_argument("--out", required=True, help="PATH.pt (a state_dict) or PATH.onnx")
+    i.add_argument("--weights", help="state_dict for a package.module:Attr source")
+    i.add_argument("--input-shape", type=_shape, help="per-sample input shape, for PyTorch sources")
+    i.add_argument("--trust-pickle", action="store_true")
+
+    d = sub.add_parser("demo", help="train, prune and quantise the default CNN, build dist/demo and serve the page")
     d.add_argument("--out", default="dist/demo")
     d.add_argument("--port", type=int, default=8737)
     d.add_argument("--no-serve", action="store_true", help="only build")
     return p
 
 
+def _options(args) -> dict:
+    return dict(weights=args.weights, input_shape=args.input_shape, max_batch=args.max_batch, loss=args.loss,
+                quantize=args.quantize, round_channels=args.round_channels, finetune_epochs=args.finetune_epochs,
+                finetune_data=args.finetune_data, finetune_lr=args.finetune_lr, eval_data=args.eval_data,
+                trust_pickle=args.trust_pickle, progress=True)
+
+
+def _untrained_note(args):
+    if args.source == DEFAULT_SOURCE and not args.weights:
+        print(f"texelfit: note: {DEFAULT_SOURCE} without --weights is untrained; `texelfit train` writes "
+              f"{DEFAULT_CHECKPOINT}", file=sys.stderr)
+
+
+def cmd_build(args) -> None:
+    from texelfit.build import build
+    from texelfit.report import format_table
+
+    _untrained_note(args)
+    result = build(args.source, args.out, name=args.name, prune=args.prune, **_options(args))
+    rep = result.report
+    print(f"texelfit: built {args.out}/{rep['name']}.js: {rep['parameters']} parameters, "
+          f"{len(rep['layers'])} layers, {rep['kernels']} kernels, "
+          f"{rep['files'][rep['name'] + '.js']} bytes, {rep['texture_bytes']} bytes of textures")
+    print(format_table(rep["table"], rep["accuracy"], args.quantize))
+    if args.prune:
+        for g in rep["prune"]["groups"]:
+            if g["unpruned_because"] and g["unpruned_because"] != "it is the model output":
+                print(f"texelfit: note: left unpruned: {', '.join(g['producers'])}: {g['unpruned_because']}")
+        if rep["table"]["totals"]["parameters_before"] == rep["parameters"]:
+            print(f"texelfit: note: --prune {args.prune:g} removed no channel: channels that reach the model output "
+                  "(also through adds) stay, and small layers keep a multiple of 4 (--no-round-channels)")
+    print(f"texelfit: report: {os.path.join(args.out, 'report.json')}")
+
+
+def cmd_train(args) -> None:
+    from texelfit.train import save_checkpoint, train_default
+
+    module, acc = train_default(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed)
+    save_checkpoint(module, args.out)
+    print(f"texelfit: trained {DEFAULT_SOURCE} for {args.epochs} epochs (seed {args.seed}): validation accuracy "
+          f"{100 * acc:.2f}% on the digits validation split (360 samples)")
+    print(f"texelfit: saved {args.out}; build it with: texelfit build {DEFAULT_SOURCE} --weights {args.out} "
+          "--out dist/digits_cnn")
+
+
+def cmd_prune_sweep(args) -> None:
+    from texelfit.build import prune_sweep
+    from texelfit.report import plot_sweep
+
+    opts = _options(args)
+    if args.source == DEFAULT_SOURCE and not args.weights:
+        if not os.path.exists(DEFAULT_CHECKPOINT):
+            raise BuildError(f"no trained weights for {DEFAULT_SOURCE}: run `texelfit train` first (it writes "
+                             f"{DEFAULT_CHECKPOINT}) or give --weights")
+        opts["weights"] = DEFAULT_CHECKPOINT
+    points = prune_sweep(args.source, args.ratios, **opts)
+    metric = points[0]["metric"]
+    print(f"{'ratio':>6}  {'parameters':>10}  {metric:>9}  {'bundle bytes':>12}  {'weights bytes':>13}")
+    for p in points:
+        v = f"{100 * p['value']:.2f}%" if metric == "accuracy" else f"{p['value']:.4g}"
+        print(f"{p['ratio']:>6g}  {p['parameters']:>10,}  {v:>9}  {p['bundle_bytes']:>12,}  {p['weights_bytes']:>13,}")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(folder, exist_ok=True)
+    title = (f"{args.source}: --quantize {args.quantize}"
+             + (f", {args.finetune_epochs} fine-tuning epochs" if args.finetune_epochs else "")
+             + f"\n{metric} on {points[0]['data']}")
+    plot_sweep(points, args.out, title)
+    data_path = os.path.splitext(args.out)[0] + ".json"
+    with open(data_path, "w", encoding="utf-8") as f:
+        json.dump({"source": args.source, "quantize": args.quantize, "finetune_epochs": args.finetune_epochs,
+                   "points": points}, f, indent=2, sort_keys=True)
+        f.write("\n")
+    print(f"texelfit: wrote the plot to {args.out} and the numbers to {data_path}")
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "build":
-            from texelfit.build import build
-
-            result = build(args.source, args.out, name=args.name, weights=args.weights,
-                           input_shape=args.input_shape, max_batch=args.max_batch, loss=args.loss,
-                           quantize=args.quantize, prune=args.prune, trust_pickle=args.trust_pickle)
-            rep = result.report
-            print(f"texelfit: built {args.out}/{rep['name']}.js: {rep['parameters']} parameters, "
-                  f"{len(rep['layers'])} layers, {rep['kernels']} kernels, "
-                  f"{rep['files'][rep['name'] + '.js']} bytes, {rep['texture_bytes']} bytes of textures")
+            cmd_build(args)
+        elif args.command == "train":
+            cmd_train(args)
+        elif args.command == "prune-sweep":
+            cmd_prune_sweep(args)
         elif args.command == "demo":
             from texelfit.demo import run_demo
 
-            run_demo(args.out, port=args.port, serve=not args.no_serve)
+            run_demo(args.out, port=args.port, serve_page=not args.no_serve)
+        elif args.command == "import-weights":
+            from texelfit.importer import import_weights
+
+            graph = import_weights(args.file, args.source, args.out, input_shape=args.input_shape,
+                                   weights=args.weights, trust_pickle=args.trust_pickle)
+            print(f"texelfit: wrote {args.out}: {len(graph.params)} tensors, {graph.parameter_count()} parameters")
     except BuildError as e:
         print(f"texelfit: error: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,184 @@
+"""Run an IR Graph in PyTorch: an nn.Module whose parameters are the IR's params.
+
+    IRModule(graph)          forward with torch.nn.functional, layer by layer, as the bundle runs it
+    write_back(graph, m)     the graph with the module's (trained) parameter values
+    export_onnx(graph)       the module exported to ONNX (and simplified) the way `texelfit build`
+                             exports PyTorch sources, with the IR's param names as initializer names
+
+Used to fine-tune a pruned graph in PyTorch, to evaluate a graph on data, and to check that a
+transformed graph (pruned, quantised) still exports and converts back to the same model.
+
+Parameters live in a ParameterDict keyed by `key(name)`: PyTorch refuses '.' in a parameter
+name, so '%' and '.' are percent-escaped ('conv1.weight' -> 'conv1%2Eweight'); `name(key)`
+undoes it. A dense weight stored [in, out] (`Param.transposed`) stays so: the forward computes
+x @ W, which exports as MatMul on that initializer, as it came in.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .graph import pool_out
+from .ir import Graph
+
+PREFIX = "p."  # state_dict prefix of the ParameterDict
+
+
+def key(name: str) -> str:
+    return name.replace("%", "%25").replace(".", "%2E")
+
+
+def name(key_: str) -> str:
+    return key_.replace("%2E", ".").replace("%25", "%")
+
+
+class IRModule(nn.Module):
+    def __init__(self, graph: Graph):
+        super().__init__()
+        self.graph = graph
+        self.p = nn.ParameterDict()
+        for n, p in graph.params.items():  # one by one: ParameterDict sorts a plain dict's keys
+            self.p[key(n)] = nn.Parameter(torch.from_numpy(np.array(p.array, dtype=np.float32)))
+
+    def param(self, layer, role):
+        n = layer.params.get(role)
+        return None if n is None else self.p[key(n)]
+
+    def forward(self, x):
+        g = self.graph
+        env = {g.input: x}
+        for layer in g.layers:
+            ins = [env[t] for t in layer.inputs]
+            env[layer.outputs[0]] = _ACT.get(layer.attrs.get("act"), _identity)(self._layer(layer, ins), layer.attrs)
+        return env[g.output]
+
+    def _layer(self, layer, ins):
+        op, a, x = layer.op, layer.attrs, ins[0]
+        if op == "dense":
+            w, b = self.param(layer, "weight"), self.param(layer, "bias")
+            if self.graph.params[layer.params["weight"]].transposed:
+                y = x @ w
+                return y + b if b is not None else y
+            return F.linear(x, w, b)
+        if op == "conv":
+            t, l, bo, r = a["pads"]
+            if (t, l) != (bo, r):
+                x, t, l = F.pad(x, (l, r, t, bo)), 0, 0
+            return F.conv2d(x, self.param(layer, "weight"), self.param(layer, "bias"), stride=a["strides"],
+                            padding=(t, l), dilation=a["dilations"], groups=a["groups"])
+        if op == "batchnorm":  # inference form (before prep.fold)
+            c = lambda v: torch.tensor(np.asarray(v, dtype=np.float32))  # noqa: E731
+            return F.batch_norm(x, c(a["mean"]), c(a["var"]), c(a["scale"]), c(a["bias"]), False, 0.0, a["eps"])
+        if op in ("maxpool", "avgpool"):
+            return _pool(op, x, a)
+        if op == "global_avgpool":
+            return x.mean(dim=(2, 3), keepdim=a.get("keepdims", True))
+        if op == "add":
+            return ins[0] + ins[1]
+        if op == "concat":
+            return torch.cat(ins, dim=1)
+        if op == "flatten":
+            return torch.flatten(x, 1)
+        if op in _ACT:
+            return _ACT[op](x, a)
+        raise AssertionError(f"IRModule: no forward for op {op!r}")
+
+
+def _identity(x, a):
+    return x
+
+
+_ACT = {
+    "relu": lambda x, a: torch.relu(x),
+    "leaky_relu": lambda x, a: F.leaky_relu(x, a.get("alpha", 0.01)),
+    "sigmoid": lambda x, a: torch.sigmoid(x),
+    "tanh": lambda x, a: torch.tanh(x),
+}
+
+
+def _pool(op, x, a):
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = a["kernel"], a["strides"], a["pads"]
+    ceil = a["ceil_mode"]
+    if (pt, pl) == (pb, pr) and pt <= kh // 2 and pl <= kw // 2:  # PyTorch's own form (exports as such)
+        if op == "maxpool":
+            return F.max_pool2d(x, (kh, kw), (sh, sw), (pt, pl), ceil_mode=ceil)
+        return F.avg_pool2d(x, (kh, kw), (sh, sw), (pt, pl), ceil_mode=ceil,
+                            count_include_pad=a.get("count_include_pad", False))
+    # Asymmetric or large pads: pad explicitly to exactly the windows the IR's rules give.
+    h, w = x.shape[2:]
+    oh = pool_out(h, kh, sh, pt, pb, 1, ceil)
+    ow = pool_out(w, kw, sw, pl, pr, 1, ceil)
+    eb, er = (oh - 1) * sh + kh - h - pt, (ow - 1) * sw + kw - w - pl  # padding at the end actually read
+    fill = float("-inf") if op == "maxpool" else 0.0
+    xp = F.pad(x, (pl, max(er, 0), pt, max(eb, 0)), value=fill)[:, :, : pt + h + eb, : pl + w + er]
+    if op == "maxpool":
+        return F.max_pool2d(xp, (kh, kw), (sh, sw))
+    # average: sum over the window / count of positions that count (input, and declared pads if included)
+    mask = torch.zeros((1, 1) + tuple(xp.shape[2:]), dtype=x.dtype)
+    if a.get("count_include_pad", False):
+        mask[:, :, : pt + h + pb, : pl + w + pr] = 1
+    else:
+        mask[:, :, pt: pt + h, pl: pl + w] = 1
+    total = F.avg_pool2d(xp, (kh, kw), (sh, sw), divisor_override=1)
+    count = F.avg_pool2d(mask, (kh, kw), (sh, sw), divisor_override=1)
+    return total / count
+
+
+def write_back(graph: Graph, module: IRModule) -> Graph:
+    """The graph with the module's current parameter values (same names, layouts and order)."""
+    params = {n: dataclasses.replace(p, array=module.p[key(n)].detach().cpu().numpy().astype(np.float32).copy())
+              for n, p in graph.params.items()}
+    return dataclasses.replace(graph, params=params)
+
+
+def export_onnx(graph: Graph):
+    """Export the graph's IRModule to a simplified ONNX model whose initializers carry the IR's
+    param names (prep.load's exporter and onnxsim, as for any PyTorch source)."""
+    import json
+
+    from .load import TRANSPOSED_KEY, export_simplified
+
+    model = export_simplified(IRModule(graph).eval(), graph.input_shape)
+    renames = {PREFIX + key(n): n for n in graph.params}
+    g = model.graph
+    for init in g.initializer:
+        init.name = renames.get(init.name, init.name)
+    for inp in g.input:
+        inp.name = renames.get(inp.name, inp.name)
+    for node in g.node:
+        for i, t in enumerate(node.input):
+            node.input[i] = renames.get(t, t)
+    for prop in model.metadata_props:
+        if prop.key == TRANSPOSED_KEY:
+            prop.value = json.dumps(sorted(renames.get(t, t) for t in json.loads(prop.value)))
+    return model
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run torch on one CPU thread: the same numbers on any machine (reduction order depends on the
+    thread count), and for these small models faster than threads that contend with other work."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def evaluate(graph: Graph, x: np.ndarray, y: np.ndarray, *, batch: int = 512) -> dict:
+    """{'accuracy': ...} for integer class labels y, else {'mse': ...}, of the graph's forward in PyTorch."""
+    module = IRModule(graph).eval()
+    outs = []
+    with torch.no_grad(), one_thread():
+        for s in range(0, len(x), batch):
+            outs.append(module(torch.as_tensor(np.asarray(x[s:s + batch], dtype=np.float32))))
+    out = torch.cat(outs).numpy() if outs else np.zeros((0,) + graph.output_shape, np.float32)
+    if np.issubdtype(np.asarray(y).dtype, np.integer) and out.ndim == 2:
+        return {"accuracy": float(np.mean(out.argmax(1) == np.asarray(y)))}
+    return {"mse": float(np.mean((out - np.asarray(y, dtype=np.float32).reshape(out.shape)) ** 2))}
