@@ -1,4 +1,6 @@
-"""`texelfit demo`: build the example model into dist/demo and serve a page that trains it."""
+"""`texelfit demo`: train the default CNN on the bundled digits, prune and quantise it, build
+dist/demo/ (bundle, .d.ts, report, the built architecture as ONNX, index.html, the digits) and serve
+the page where a person fine-tunes the model on their own handwriting."""
 from __future__ import annotations
 
 import functools
@@ -7,26 +9,44 @@ import json
 import os
 import socketserver
 
-from texelfit.build import compile_onnx, write_files
+from texelfit.build import Data, compile_onnx, write_files
 from texelfit.codegen.kernels import template_env
-from texelfit.examples import digits, digits_mlp
+from texelfit.examples import digits, digits_split
 from texelfit.prep.load import export_simplified
+from texelfit.prep.torch_ir import export_onnx
+from texelfit.train import train_default
 
 NAME = "digits"
+INPUT_SHAPE = (1, 8, 8)
+# What the demo ships: half the channels (with recovery fine-tuning) and int8 weights. The
+# build defaults stay exact (`--prune 0 --quantize none`); the demo shows the reductions.
+SHIPPING = dict(prune=0.5, finetune_epochs=5, quantize="int8")
 
 
-def build_demo(out: str) -> dict:
-    module = digits_mlp()
-    result = compile_onnx(export_simplified(module, (64,)), name=NAME, input_shape=(64,), max_batch=64)
+def build_demo(out: str, *, progress: bool = True) -> dict:
+    module, val_acc = train_default(progress=progress)
+    print(f"texelfit: trained the default CNN in PyTorch: validation accuracy {100 * val_acc:.2f}%", flush=True)
+    (xt, yt), (xv, yv) = digits_split(INPUT_SHAPE)
+    result = compile_onnx(export_simplified(module, INPUT_SHAPE), name=NAME, input_shape=INPUT_SHAPE, max_batch=64,
+                          finetune_data=Data(xt, yt, "digits training split"),
+                          eval_data=Data(xv, yv, f"digits validation split ({len(yv)} samples)"),
+                          progress=progress, **SHIPPING)
     x, y = digits()
     files = dict(result.files)
-    files["digits.json"] = json.dumps({"x": x.reshape(-1).tolist(), "y": y.tolist(), "features": 64,
-                                       "scale": 16}, separators=(",", ":"))
+    files["digits.json"] = json.dumps({"x": x.reshape(-1).tolist(), "y": y.tolist(), "scale": 16},
+                                      separators=(",", ":"))
+    bundle_bytes = len(files[NAME + ".js"].encode())
     files["index.html"] = template_env().get_template("demo.html.j2").render(
-        name=NAME, bundle_bytes=len(result.files[f"{NAME}.js"].encode()))
+        name=NAME, classes=int(result.graph.output_shape[0]), side=INPUT_SHAPE[1],
+        bundle_kb=f"{bundle_bytes / 1024:.0f}")
     write_files(out, files)
-    print(f"texelfit: built {out}/ ({NAME}.js {len(files[NAME + '.js'].encode())} bytes, "
-          f"{result.report['parameters']} parameters)")
+    # the architecture as built (pruned, batch-norm folded): `texelfit import-weights` takes it as SOURCE
+    with open(os.path.join(out, NAME + ".onnx"), "wb") as f:
+        f.write(export_onnx(result.graph).SerializeToString())
+    acc = result.report.get("accuracy") or {}
+    shipped = acc.get("after_quantize")
+    print(f"texelfit: built {out}/: {NAME}.js {bundle_bytes} bytes, {result.report['parameters']} parameters"
+          + (f", validation accuracy as shipped {100 * shipped:.2f}%" if shipped is not None else ""), flush=True)
     return result.report
 
 
@@ -35,19 +55,25 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
 
 
-def serve(folder: str, port: int) -> None:
-    handler = functools.partial(_QuietHandler, directory=folder)
-    with _Server(("127.0.0.1", port), handler) as httpd:
-        print(f"texelfit: serving {folder} at http://127.0.0.1:{httpd.server_address[1]}/  (Ctrl-C stops)", flush=True)
-        httpd.serve_forever()
-
-
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
 
-def run_demo(out: str, *, port: int, serve: bool = True) -> None:
+def serve(folder: str, port: int) -> None:
+    handler = functools.partial(_QuietHandler, directory=folder)
+    try:
+        httpd = _Server(("127.0.0.1", port), handler)
+    except OSError as e:
+        from texelfit.prep.load import BuildError
+
+        raise BuildError(f"cannot serve on 127.0.0.1:{port} ({e.strerror}); choose another --port") from None
+    with httpd:
+        print(f"texelfit: serving {folder} at http://127.0.0.1:{httpd.server_address[1]}/  (Ctrl-C stops)", flush=True)
+        httpd.serve_forever()
+
+
+def run_demo(out: str, *, port: int, serve_page: bool = True) -> None:
     build_demo(out)
-    if serve:
-        globals()["serve"](os.path.abspath(out), port)
+    if serve_page:
+        serve(os.path.abspath(out), port)

@@ -1,0 +1,63 @@
+"""`texelfit import-weights`: weights trained in the browser back into PyTorch.
+
+FILE is what the page saved: JSON of `await m.getWeights()` with arrays as lists
+(`{"conv1.weight": [...], ...}`, the demo's "Download weights"). SOURCE is the architecture the
+bundle was built from, as for `texelfit build`; for a pruned bundle, the NAME.onnx that the demo
+writes beside it (the architecture as built: pruned, batch-norm folded). The output is a
+state_dict (`.pt`, keyed and shaped as getWeights) or an ONNX model of that architecture (`.onnx`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+
+from texelfit.prep.fold import fold_batchnorm
+from texelfit.prep.graph import to_ir
+from texelfit.prep.ir import Graph
+from texelfit.prep.load import BuildError, load_onnx
+
+
+def read_weights(path: str) -> dict[str, np.ndarray]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as e:
+        raise BuildError(f"cannot read weights {path}: {e}") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, list) for v in raw.values()):
+        raise BuildError(f"{path} is not a JSON object of weight name -> list of numbers (what getWeights gives)")
+    return {k: np.asarray(v, dtype=np.float32) for k, v in raw.items()}
+
+
+def apply_weights(graph: Graph, weights: dict[str, np.ndarray], where: str) -> Graph:
+    missing = [n for n in graph.params if n not in weights]
+    extra = [n for n in weights if n not in graph.params]
+    if missing or extra:
+        raise BuildError(f"{where} does not fit the architecture: missing {missing or 'none'}, unknown {extra or 'none'}")
+    params = {}
+    for name, p in graph.params.items():
+        w = weights[name]
+        if w.size != p.array.size or not np.isfinite(w).all():
+            raise BuildError(f"{where}: {name!r} has {w.size} values (expected {p.array.size}, all finite)")
+        params[name] = dataclasses.replace(p, array=w.reshape(p.array.shape))
+    return dataclasses.replace(graph, params=params)
+
+
+def import_weights(file: str, source: str, out: str, *, input_shape=None, weights: str | None = None,
+                   trust_pickle: bool = False) -> Graph:
+    if not (out.endswith(".pt") or out.endswith(".onnx")):
+        raise BuildError(f"--out {out!r} must end in .pt (a state_dict) or .onnx")
+    graph = fold_batchnorm(to_ir(load_onnx(source, weights=weights, input_shape=input_shape,
+                                           trust_pickle=trust_pickle), input_shape))
+    graph = apply_weights(graph, read_weights(file), file)
+    if out.endswith(".pt"):
+        import torch
+
+        torch.save({n: torch.from_numpy(p.array.copy()) for n, p in graph.params.items()}, out)
+    else:
+        from texelfit.prep.torch_ir import export_onnx
+
+        with open(out, "wb") as f:
+            f.write(export_onnx(graph).SerializeToString())
+    return graph
