@@ -194,7 +194,6 @@ def restore_state_dict_names(model, state: dict[str, np.ndarray]):
     are listed in the model's metadata under TRANSPOSED_KEY, so getWeights can undo it."""
     import json
 
-    from onnx import numpy_helper
 
     arrays = initializer_arrays(model)
     taken = {n for n in arrays if n in state}

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -18,6 +20,17 @@ def build_module(site, folder: str, module: torch.nn.Module, input_shape, *, max
     result = compile_onnx(onnx_model, name=name, input_shape=input_shape, max_batch=max_batch, loss=loss)
     url = site.add_files(folder, result.files)
     return f"{url}/{name}.js"
+
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_cli(*args, cwd=None):
+    """The console script's entry point in a fresh interpreter, as a user runs it (tests/ importable,
+    for package.module:Attr sources such as models:mlp_45_31_7)."""
+    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "texelfit.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
 
 
 def assert_close(what: str, got, ref, *, atol: float, rtol: float, atol_of_max: float = 0.0):

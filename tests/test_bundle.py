@@ -5,7 +5,6 @@ import re
 
 import numpy as np
 import pytest
-import torch
 
 from helpers import build_module
 from models import OP_CASES

@@ -4,25 +4,14 @@ from __future__ import annotations
 import filecmp
 import json
 import os
-import subprocess
-import sys
 
-import numpy as np
-import onnx
 import pytest
 import torch
 
-from helpers import assert_close, run_model
+from helpers import assert_close, run_cli, run_model
 from models import mlp_45_31_7
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-
-
-def texelfit(*args, cwd=None):
-    """Run the console script's entry point in a fresh interpreter, as a user would."""
-    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "texelfit.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+texelfit = run_cli
 
 
 @pytest.fixture(scope="module")

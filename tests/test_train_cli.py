@@ -5,26 +5,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import run_cli
 from texelfit.build import compile_source
 from texelfit.examples import DEFAULT_SOURCE, digits_cnn, digits_split
 from texelfit.train import train_default
 
 PRUNE_Q = ["--prune", "0.5", "--quantize", "int8"]
-TESTS = os.path.dirname(os.path.abspath(__file__))
-
-
-def texelfit(*args, cwd=None):
-    """The console script's entry point in a fresh interpreter (as tests/test_cli.py runs it)."""
-    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "texelfit.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+texelfit = run_cli
 
 
 @pytest.fixture(scope="module")

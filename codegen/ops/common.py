@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from texelfit.prep.layout import ceil_div
 
-from ..kernels import glsl_float
+from ..kernels import Kernel, Pass, glsl_float
 
 
 def lanes(cols: int) -> dict:
@@ -30,3 +30,28 @@ def grad_target(plan, layer, slot: int):
     if layer.inputs[slot] not in plan.needs_grad:
         return None
     return plan.grad_targets[(layer.name, slot)]
+
+
+def weighted_passes(layer, plan, family: str, c: dict, title):
+    """Forward and backward passes of a layer with a weight, a bias and a fused activation
+    (dense and conv): {family}_forward, {family}_grad_weight, _grad_bias and _grad_input, with
+    the kernel constants `c` and `title(what)` naming each kernel."""
+    x, y = layer.inputs[0], layer.outputs[0]
+    w = "param:" + layer.params["weight"]
+    b = "param:" + layer.params["bias"] if c["has_bias"] else None
+
+    def kernel(what, inputs, uniforms=()):
+        return Kernel(title(f"{family}_{what}"), f"{family}_{what}.glsl.j2", inputs, uniforms=uniforms, consts=c)
+
+    forward = [Pass(kernel("forward", ("X", "W") + (("B",) if b else ())), [plan.tensor(x), w] + ([b] if b else []),
+                    [plan.tensor(y)], "batch", layer.name)]
+    dy, ty, tx = plan.grad(y), plan.tensor(y), plan.tensor(x)
+    backward = [Pass(kernel("grad_weight", ("DY", "Y", "X"), ("u_batch",)), [dy, ty, tx],
+                     ["pgrad:" + layer.params["weight"]], "full", layer.name)]
+    if b:
+        backward.append(Pass(kernel("grad_bias", ("DY", "Y"), ("u_batch",)), [dy, ty],
+                             ["pgrad:" + layer.params["bias"]], "full", layer.name))
+    target = grad_target(plan, layer, 0)
+    if target:
+        backward.append(Pass(kernel("grad_input", ("DY", "Y", "W")), [dy, ty, w], [target], "batch", layer.name))
+    return forward, backward

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from texelfit.prep.layout import ceil_div
 
-from ..kernels import Kernel, Pass
-from .common import activation, grad_target, lanes
+from .common import activation, lanes, weighted_passes
 
 
 def _consts(layer, graph):
@@ -26,29 +25,9 @@ def _title(c, what):
 
 def forward(layer, graph, plan):
     c = _consts(layer, graph)
-    inputs = ["X", "W"] + (["B"] if c["has_bias"] else [])
-    textures = [plan.tensor(layer.inputs[0]), "param:" + layer.params["weight"]]
-    if c["has_bias"]:
-        textures.append("param:" + layer.params["bias"])
-    k = Kernel(_title(c, "dense_forward"), "dense_forward.glsl.j2", tuple(inputs), consts=c)
-    return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
+    return weighted_passes(layer, plan, "dense", c, lambda what: _title(c, what))[0]
 
 
 def backward(layer, graph, plan):
     c = _consts(layer, graph)
-    x, y = layer.inputs[0], layer.outputs[0]
-    dy, ty, tx = plan.grad(y), plan.tensor(y), plan.tensor(x)
-    w = layer.params["weight"]
-    passes = [Pass(Kernel(_title(c, "dense_grad_weight"), "dense_grad_weight.glsl.j2",
-                          ("DY", "Y", "X"), uniforms=("u_batch",), consts=c),
-                   [dy, ty, tx], ["pgrad:" + w], "full", layer.name)]
-    if c["has_bias"]:
-        passes.append(Pass(Kernel(_title(c, "dense_grad_bias"), "dense_grad_bias.glsl.j2",
-                                  ("DY", "Y"), uniforms=("u_batch",), consts=c),
-                           [dy, ty], ["pgrad:" + layer.params["bias"]], "full", layer.name))
-    target = grad_target(plan, layer, 0)
-    if target:
-        passes.append(Pass(Kernel(_title(c, "dense_grad_input"), "dense_grad_input.glsl.j2",
-                                  ("DY", "Y", "W"), consts=c),
-                           [dy, ty, "param:" + w], [target], "batch", layer.name))
-    return passes
+    return weighted_passes(layer, plan, "dense", c, lambda what: _title(c, what))[1]
