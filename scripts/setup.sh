@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the demo and the tests need, on a fresh Debian machine:
 # Debian's Chromium (Playwright's own browser download is not used), a virtual
-# environment in .venv, and texelfit installed into it (editable, with test extras).
+# environment in .venv, texelfit installed into it (editable, with test extras), and the npm
+# dev dependencies of package.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,3 +20,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "setup: installing texelfit and its dependencies into .venv (torch==2.13.0, CPU)" >&2
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | { grep -v '^WARNING: Location' || true; } >&2
+
+echo "setup: installing the JS dev tools (typescript for the .d.ts check, TF.js for bench/)" >&2
+npm install --no-audit --no-fund --loglevel=error >&2

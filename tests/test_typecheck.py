@@ -1,0 +1,51 @@
+"""The generated NAME.d.ts types the whole API: a TypeScript usage example compiles against it
+with `tsc --strict` (npm run typecheck), and a wrong call does not."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from models import mlp_45_31_7
+from texelfit.build import compile_onnx, write_files
+from texelfit.prep.load import export_simplified
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TSC = os.path.join(ROOT, "node_modules", ".bin", "tsc")
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    if not os.path.exists(TSC):
+        pytest.fail("node_modules/.bin/tsc is missing: run `npm install` (scripts/setup.sh does)")
+    torch.manual_seed(0)
+    out = os.path.join(ROOT, "dist", "typecheck")
+    shutil.rmtree(out, ignore_errors=True)
+    write_files(out, compile_onnx(export_simplified(mlp_45_31_7(), (45,)), name="model", input_shape=(45,)).files)
+    return out
+
+
+def typecheck():
+    return subprocess.run(["npm", "run", "--silent", "typecheck"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_usage_example_typechecks(bundle):
+    r = typecheck()
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_wrong_call_fails_to_typecheck(bundle, tmp_path):
+    usage = os.path.join(ROOT, "tests", "typecheck", "usage.ts")
+    original = open(usage).read()
+    try:
+        with open(usage, "w") as f:  # an optimizer the API does not have, and a weight name the model lacks
+            f.write(original.replace('type: "adamw"', 'type: "rmsprop"').replace('"0.bias": w["0.bias"]', '"fc.bias": w["0.bias"]'))
+        r = typecheck()
+    finally:
+        with open(usage, "w") as f:
+            f.write(original)
+    assert r.returncode != 0
+    assert '"rmsprop"' in r.stdout and '"fc.bias"' in r.stdout, r.stdout

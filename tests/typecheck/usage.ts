@@ -1,0 +1,39 @@
+// A web developer's use of a generated bundle, type-checked against its NAME.d.ts by `npm run typecheck`.
+// tests/test_typecheck.py builds the bundle into dist/typecheck/ first.
+import { createModel, modelInfo, TexelfitError, type Model, type StepInfo, type Weights } from "../../dist/typecheck/model.js";
+
+async function main(canvas: HTMLCanvasElement): Promise<number> {
+  const m: Model = await createModel({ canvas, maxTextureSize: 4096, precision: "float32", backend: "webgl2" });
+  const info = m.info;
+  const features = info.inputShape.reduce((a, b) => a * b, 1);
+  const x = new Float32Array(8 * features);
+  const y = new Int32Array(8);
+  const out: Float32Array = await m.predict(x, 8);
+  const result = await m.fit(x, y, {
+    batchSize: 4,
+    epochs: 2,
+    shuffle: false,
+    loss: "cross_entropy",
+    optimizer: { type: "adamw", lr: 1e-3, betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01 },
+    onStep: (s: StepInfo) => { if (s.loss !== undefined) console.log(s.step, s.epoch, s.loss.toFixed(3)); },
+  });
+  const last: number = result.loss[result.loss.length - 1];
+  const w: Weights = await m.getWeights();
+  await m.setWeights({ "0.bias": w["0.bias"] });
+  const g = await m.gradients(x, y, { loss: "cross_entropy" });
+  m.pause();
+  m.resume();
+  const state: "idle" | "training" | "paused" | "lost" = m.state;
+  await m.save("key");
+  await m.restore("key");
+  try {
+    await m.predict(x, 1000);
+  } catch (e) {
+    if (e instanceof TexelfitError) console.log(e.code, e.step);
+  }
+  m.dispose();
+  console.log(modelInfo.weights.map((p) => p.name), out.length, g["0.weight"].length, state, info.precision, info.backend);
+  return last;
+}
+
+export { main };
