@@ -199,6 +199,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         per_sample("act:" + out, "activation", out)
         if layer.op == "maxpool":  # where each maximum came from, for the backward
             per_sample("argmax:" + out, "argmax", out)
+        if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
+            per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
 
     # Gradients. A tensor with one consumer gets grad:T written by that consumer's backward;
     # with several, each writes grad:T@k and a sum pass adds them into grad:T. The backward of

@@ -35,19 +35,27 @@ def grad_target(plan, layer, slot: int):
 def weighted_passes(layer, plan, family: str, c: dict, title):
     """Forward and backward passes of a layer with a weight, a bias and a fused activation
     (dense and conv): {family}_forward, {family}_grad_weight, _grad_bias and _grad_input, with
-    the kernel constants `c` and `title(what)` naming each kernel."""
+    the kernel constants `c` and `title(c, what)` naming each kernel."""
     x, y = layer.inputs[0], layer.outputs[0]
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
 
     def kernel(what, inputs, uniforms=()):
-        return Kernel(title(f"{family}_{what}"), f"{family}_{what}.glsl.j2", inputs, uniforms=uniforms, consts=c)
+        return Kernel(title(c, f"{family}_{what}"), f"{family}_{what}.glsl.j2", inputs, uniforms=uniforms, consts=c)
 
     forward = [Pass(kernel("forward", ("X", "W") + (("B",) if b else ())), [plan.tensor(x), w] + ([b] if b else []),
                     [plan.tensor(y)], "batch", layer.name)]
     dy, ty, tx = plan.grad(y), plan.tensor(y), plan.tensor(x)
-    backward = [Pass(kernel("grad_weight", ("DY", "Y", "X"), ("u_batch",)), [dy, ty, tx],
-                     ["pgrad:" + layer.params["weight"]], "full", layer.name)]
+    backward = []
+    if c["act"] != "none":
+        # dZ = dY * act'(Y) once, into dz:Y: the three gradient kernels then read one texture
+        # where each would fetch two and recompute the derivative (layout.py allocates dz:Y)
+        backward.append(Pass(Kernel(f"activation_grad {c['act']}", "activation_grad.glsl.j2", ("DY", "Y"),
+                                    consts={"act": c["act"], "alpha": c["alpha"]}),
+                             [dy, ty], ["dz:" + y], "batch", layer.name))
+        dy, c = "dz:" + y, dict(c, act="none")
+    backward.append(Pass(kernel("grad_weight", ("DY", "Y", "X"), ("u_batch",)), [dy, ty, tx],
+                         ["pgrad:" + layer.params["weight"]], "full", layer.name))
     if b:
         backward.append(Pass(kernel("grad_bias", ("DY", "Y"), ("u_batch",)), [dy, ty],
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))

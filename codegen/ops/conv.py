@@ -2,7 +2,9 @@
 W[OC, ICg, KH, KW] is laid out [ceil4(OC) rows, KH*KW*ceil(ICg/4) texels] (layout.py).
 
 forward        conv_forward       X, W, B        -> Y        rows: batch
-backward       conv_grad_weight   DY, Y, X       -> dW       rows: full
+backward       activation_grad    DY, Y          -> DZ       rows: batch   (with a fused activation:
+                                                                        DZ = DY * act'(Y), read below as DY)
+               conv_grad_weight   DY, Y, X       -> dW       rows: full
                conv_grad_bias     DY, Y          -> db       rows: full
                conv_grad_input    DY, Y, W       -> dX       rows: batch   (when X needs a gradient)
 groups == 1 runs 4x4 channel blocks per fetch; grouped and depthwise convs run per lane.
@@ -32,10 +34,8 @@ def _title(c, what):
 
 
 def forward(layer, graph, plan):
-    c = _consts(layer, graph)
-    return weighted_passes(layer, plan, "conv", c, lambda what: _title(c, what))[0]
+    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title)[0]
 
 
 def backward(layer, graph, plan):
-    c = _consts(layer, graph)
-    return weighted_passes(layer, plan, "conv", c, lambda what: _title(c, what))[1]
+    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title)[1]

@@ -1,7 +1,9 @@
 """dense: Y = act(X @ W.T + b). W is laid out [ceil4(O) rows, ceil(I/4) texels] (layout.py).
 
 forward        dense_forward      X, W, B        -> Y        rows: batch
-backward       dense_grad_weight  DY, Y, X       -> dW       rows: full
+backward       activation_grad    DY, Y          -> DZ       rows: batch   (with a fused activation:
+                                                                        DZ = DY * act'(Y), read below as DY)
+               dense_grad_weight  DY, Y, X       -> dW       rows: full
                dense_grad_bias    DY, Y          -> db       rows: full
                dense_grad_input   DY, Y, W       -> dX       rows: batch   (when X needs a gradient)
 """
@@ -24,10 +26,8 @@ def _title(c, what):
 
 
 def forward(layer, graph, plan):
-    c = _consts(layer, graph)
-    return weighted_passes(layer, plan, "dense", c, lambda what: _title(c, what))[0]
+    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title)[0]
 
 
 def backward(layer, graph, plan):
-    c = _consts(layer, graph)
-    return weighted_passes(layer, plan, "dense", c, lambda what: _title(c, what))[1]
+    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title)[1]
