@@ -23,6 +23,7 @@ import jinja2
 # Per-step values: the only things a pass sets besides its input textures.
 UNIFORM_TYPES = {
     "u_batch": "int",          # rows of the current batch
+    "u_loss_scale": "float",   # loss scaling: 1, or (float16 tier) what keeps small gradients normal halves
     "u_ring": "int",           # texel of the loss ring this step writes
     "u_lr": "float",
     "u_momentum": "float", "u_dampening": "float", "u_nesterov": "float", "u_first": "float",

@@ -33,13 +33,21 @@ def run_cli(*args, cwd=None):
                           cwd=cwd, env=env, timeout=300)
 
 
-def assert_close(what: str, got, ref, *, atol: float, rtol: float, atol_of_max: float = 0.0):
+def assert_close(what: str, got, ref, *, atol: float, rtol: float, atol_of_max: float = 0.0,
+                 norm: float | None = None):
     """|got - ref| <= atol + rtol * |ref| elementwise; the message lists the first mismatches.
     atol_of_max adds a share of the tensor's largest |ref| to atol (for reduced precision, whose
-    error scales with the magnitude of what was summed, not of each result)."""
+    error scales with the magnitude of what was summed, not of each result). With `norm`, the
+    check is on the whole tensor instead: ||got - ref|| <= atol + norm * ||ref|| (L2)."""
     got = np.asarray(got, dtype=np.float64).reshape(-1)
     ref = np.asarray(ref, dtype=np.float64).reshape(-1)
     assert got.shape == ref.shape, f"{what}: {got.shape} values, expected {ref.shape}"
+    if norm is not None:
+        err, size = np.linalg.norm(got - ref), np.linalg.norm(ref)
+        if os.environ.get("TEXELFIT_PRINT_ERRORS"):
+            print(f"[parity] {what}: relative L2 error {err / max(size, 1e-30):.3g}")
+        assert err <= atol + norm * size, f"{what}: ||got - ref|| = {err:.3g}, over {atol} + {norm} * ||ref|| ({size:.3g})"
+        return
     atol = atol + atol_of_max * (np.max(np.abs(ref)) if ref.size else 0.0)
     bound = atol + rtol * np.abs(ref)
     bad = np.flatnonzero(~(np.abs(got - ref) <= bound))
@@ -165,24 +173,26 @@ FWD = dict(atol=2e-5, rtol=2e-4)
 GRAD = dict(atol=2e-6, rtol=2e-4)
 
 
-def check_op(web, site, case: str, module: torch.nn.Module, shape, loss: str, *, batch=5, seed=0,
+def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0,
              fwd=FWD, grad=GRAD, options=None):
     """Forward output and the gradient of every weight against PyTorch autograd.
 
-    Builds the bundle, runs `predict` and `gradients` in the page on random data, and compares
+    Makes the module with `factory()` after seeding (the same weights whatever ran before),
+    builds the bundle, runs `predict` and `gradients` in the page on random data, and compares
     tensor by tensor with |got - ref| <= atol + rtol * |ref|. The loss is taken on the raw output
     (class logits for cross_entropy, any shape for mse)."""
     torch.manual_seed(seed)
-    module = module.eval()
-    url = build_module(site, f"op_{case}", module, shape)
-    x = torch.randn((batch,) + tuple(shape))
+    module = factory().eval()
+    g = torch.Generator().manual_seed(seed)  # the data, whatever the export draws from the global RNG
+    x = torch.randn((batch,) + tuple(shape), generator=g)
     out_shape = module(x).shape[1:]
     if loss == "cross_entropy":
-        y = torch.randint(0, out_shape[0], (batch,))
+        y = torch.randint(0, out_shape[0], (batch,), generator=g)
         y_js = y.tolist()
     else:
-        y = torch.randn((batch,) + tuple(out_shape))
+        y = torch.randn((batch,) + tuple(out_shape), generator=g)
         y_js = y.reshape(-1).tolist()
+    url = build_module(site, f"op_{case}", module, shape)
     got = run_model(web, url, """
         const x = new Float32Array(args.x);
         const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);

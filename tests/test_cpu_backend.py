@@ -28,19 +28,19 @@ def _seed(case):
 @pytest.mark.parametrize("case", sorted(OP_CASES))
 def test_op_cross_entropy(web, site, case):
     factory, shape = OP_CASES[case]
-    check_op(web, site, case, factory(), shape, "cross_entropy", batch=11, seed=_seed(case), options=CPU)
+    check_op(web, site, case, factory, shape, "cross_entropy", batch=11, seed=_seed(case), options=CPU)
 
 
 @pytest.mark.parametrize("case", ["linear_relu_linear", "sigmoid_output", "unfused_activations", "matmul_add"])
 def test_op_mse(web, site, case):
     factory, shape = OP_CASES[case]
-    check_op(web, site, case, factory(), shape, "mse", batch=11, seed=_seed(case), options=CPU)
+    check_op(web, site, case, factory, shape, "mse", batch=11, seed=_seed(case), options=CPU)
 
 
 @pytest.mark.parametrize("case", sorted(CNN_CASES))
 def test_cnn_op(web, site, case):
     factory, shape, loss = CNN_CASES[case]
-    check_op(web, site, case, factory(), shape, loss, batch=3, seed=_seed(case), options=CPU)
+    check_op(web, site, case, factory, shape, loss, batch=3, seed=_seed(case), options=CPU)
 
 
 # ---- training trajectories -----------------------------------------------------------------------

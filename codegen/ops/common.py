@@ -54,10 +54,10 @@ def weighted_passes(layer, plan, family: str, c: dict, title):
                                     consts={"act": c["act"], "alpha": c["alpha"]}),
                              [dy, ty], ["dz:" + y], "batch", layer.name))
         dy, c = "dz:" + y, dict(c, act="none")
-    backward.append(Pass(kernel("grad_weight", ("DY", "Y", "X"), ("u_batch",)), [dy, ty, tx],
+    backward.append(Pass(kernel("grad_weight", ("DY", "Y", "X"), ("u_batch", "u_loss_scale")), [dy, ty, tx],
                          ["pgrad:" + layer.params["weight"]], "full", layer.name))
     if b:
-        backward.append(Pass(kernel("grad_bias", ("DY", "Y"), ("u_batch",)), [dy, ty],
+        backward.append(Pass(kernel("grad_bias", ("DY", "Y"), ("u_batch", "u_loss_scale")), [dy, ty],
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))
     target = grad_target(plan, layer, 0)
     if target:

@@ -23,6 +23,6 @@ def loss_passes(loss, out_spec, grad_texture):
         inputs, textures = ("Z", "LABELS"), [out_spec.name, "labels"]
     else:
         inputs, textures = ("Y", "T"), [out_spec.name, "targets"]
-    g = Kernel(f"{loss}_grad", f"{loss}_grad.glsl.j2", inputs, uniforms=("u_batch",), consts=c)
+    g = Kernel(f"{loss}_grad", f"{loss}_grad.glsl.j2", inputs, uniforms=("u_batch", "u_loss_scale"), consts=c)
     v = Kernel(f"{loss}_value", f"{loss}_value.glsl.j2", inputs, uniforms=("u_batch",), consts=c)
     return [Pass(g, textures, [grad_texture], "batch", loss), Pass(v, textures, ["loss"], "ring", loss)]
