@@ -1,6 +1,8 @@
 """Small models used by the tests (and importable as package.module:Attr sources)."""
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -137,7 +139,15 @@ class BatchNormNet(nn.Module):
 
 
 def _seq(*layers):
-    return lambda: nn.Sequential(*layers)
+    """A factory of fresh copies of `layers`, initialised from the RNG as it is when called (so a
+    test that seeds first gets the same weights whatever ran before in the process)."""
+    def make():
+        seq = nn.Sequential(*copy.deepcopy(layers))
+        for m in seq.modules():
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+        return seq
+    return make
 
 
 IMG = (3, 13, 11)
