@@ -80,12 +80,6 @@ class Graph:
     def consumers(self, tensor: str) -> list[Layer]:
         return [layer for layer in self.layers if tensor in layer.inputs]
 
-    def producer(self, tensor: str) -> Layer | None:
-        for layer in self.layers:
-            if tensor in layer.outputs:
-                return layer
-        return None
-
     def parameter_count(self) -> int:
         return int(sum(p.array.size for p in self.params.values()))
 

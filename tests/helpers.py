@@ -33,12 +33,9 @@ def run_cli(*args, cwd=None):
                           cwd=cwd, env=env, timeout=300)
 
 
-def assert_close(what: str, got, ref, *, atol: float, rtol: float, atol_of_max: float = 0.0,
-                 norm: float | None = None):
+def assert_close(what: str, got, ref, *, atol: float, rtol: float, norm: float | None = None):
     """|got - ref| <= atol + rtol * |ref| elementwise; the message lists the first mismatches.
-    atol_of_max adds a share of the tensor's largest |ref| to atol (for reduced precision, whose
-    error scales with the magnitude of what was summed, not of each result). With `norm`, the
-    check is on the whole tensor instead: ||got - ref|| <= atol + norm * ||ref|| (L2)."""
+    With `norm`, the check is on the whole tensor instead: ||got - ref|| <= atol + norm * ||ref|| (L2)."""
     got = np.asarray(got, dtype=np.float64).reshape(-1)
     ref = np.asarray(ref, dtype=np.float64).reshape(-1)
     assert got.shape == ref.shape, f"{what}: {got.shape} values, expected {ref.shape}"
@@ -48,7 +45,6 @@ def assert_close(what: str, got, ref, *, atol: float, rtol: float, atol_of_max: 
             print(f"[parity] {what}: relative L2 error {err / max(size, 1e-30):.3g}")
         assert err <= atol + norm * size, f"{what}: ||got - ref|| = {err:.3g}, over {atol} + {norm} * ||ref|| ({size:.3g})"
         return
-    atol = atol + atol_of_max * (np.max(np.abs(ref)) if ref.size else 0.0)
     bound = atol + rtol * np.abs(ref)
     bad = np.flatnonzero(~(np.abs(got - ref) <= bound))
     if os.environ.get("TEXELFIT_PRINT_ERRORS"):  # for closing notes: the measured parity errors
