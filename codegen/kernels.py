@@ -74,7 +74,27 @@ def render_kernel(kernel: Kernel) -> str:
     ctx = dict(kernel.consts, kernel=kernel, inputs=kernel.inputs,
                uniforms=[(UNIFORM_TYPES[u], u) for u in kernel.uniforms], outputs=range(kernel.outputs))
     body = env.get_template("kernels/" + kernel.template).render(ctx)
-    return env.get_template("kernels/prelude.glsl.j2").render(ctx, body=body)
+    return compact_glsl(env.get_template("kernels/prelude.glsl.j2").render(ctx, body=body))
+
+
+# Lines of a generated shader that stay as they are: the runtime replaces the first, and the second
+# names the kernel in compile errors and in profiles.
+_KEPT_GLSL_LINES = ("//!TILING", "// texelfit kernel: ")
+
+
+def compact_glsl(source: str) -> str:
+    """The shipped form of a shader: comments, indentation and blank lines dropped (the templates
+    keep them for the reader). GLSL has no string literals, so any `//` starts a comment. Every
+    line stays a line: preprocessor directives need theirs."""
+    out = []
+    for line in source.split("\n"):
+        if line.startswith(_KEPT_GLSL_LINES):
+            out.append(line)
+            continue
+        line = line.split("//", 1)[0].strip()
+        if line:
+            out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def source_id(source: str) -> str:

@@ -83,10 +83,32 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
     }
 
 
+def compact_js(text: str) -> str:
+    """The shipped form of the runtime: comment-only lines (after the file's opening comment),
+    indentation and blank lines dropped; the templates keep them for the reader. Only whole
+    lines go, so a `//` inside a string or a regular expression is never touched; lines inside a
+    multi-line template literal are kept as they are."""
+    out, header, literal = [], True, False
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if literal:
+            out.append(line)
+        elif header and stripped.startswith("//"):
+            out.append(stripped)
+            continue
+        else:
+            header = False
+            if stripped and not stripped.startswith("//"):
+                out.append(stripped)
+        if line.count("`") % 2:
+            literal = not literal
+    return "\n".join(out) + "\n"
+
+
 def render_bundle(ctx: dict) -> dict[str, str]:
     env = template_env()
     return {
-        f"{ctx['name']}.js": env.get_template("bundle.js.j2").render(ctx),
+        f"{ctx['name']}.js": compact_js(env.get_template("bundle.js.j2").render(ctx)),
         f"{ctx['name']}.d.ts": env.get_template("bundle.d.ts.j2").render(ctx),
     }
 
