@@ -688,8 +688,8 @@ def markdown(result):
         L.append(f"| {case['label']} | {sched} | {fmt(draws, 1)} | {fmt(g.get('texSubImage2D', 0), 1)} | "
                  f"{fmt(c['steady_ms']['median'] / draws if draws else None, 3)} |")
     L += ["", "Where texelfit's GPU time goes (round 1, an untimed diagnostic fit of 10 steps in which every draw "
-          "is followed by a synchronous 1-texel readPixels of its output, so a draw's time is its GPU work "
-          "plus one round trip, the idle round trip being listed; uploads and readbacks as issued; "
+          "is issued 8 times between two synchronous 1-texel readPixels of its output, so a draw's time is its "
+          "GPU work plus 1/8 of a round trip, the idle round trip being listed; uploads and readbacks as issued; "
           "ms per step, largest first; (Nx) = calls per step):", "",
           "| case | sum / step | wall / step (synced run) | idle round trip | largest items |",
           "|---|---|---|---|---|"]

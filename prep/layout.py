@@ -19,6 +19,7 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
   bias b[O]                     1               1               o
   class labels                  n               1               1
   loss ring                     1               1               4 * RING     (loss of step s in texel s % RING, .x)
+  dense dZ transposed (dzt:)    o (padded to 4) 1               n            (4 samples of one output)
 
 Where each element comes from in the source (PyTorch row-major) array is given by a
 `Packing`: element (r, b, c) sits at (r // r2) * s_r1 + (r % r2) * s_r2 + b * s_b + c * s_c.
@@ -201,6 +202,10 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             per_sample("argmax:" + out, "argmax", out)
         if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
             per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
+        if layer.op == "dense":  # that gradient transposed, [O rows, samples]: for dense_grad_weight
+            o = graph.shapes[out][0]
+            add(TextureSpec("dzt:" + out, "gradient", (o, max_batch), matrix_packing(o, max_batch, transposed=True),
+                            ceil_div(o, 4) * 4))
 
     # Gradients. A tensor with one consumer gets grad:T written by that consumer's backward;
     # with several, each writes grad:T@k and a sum pass adds them into grad:T. The backward of

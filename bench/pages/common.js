@@ -68,8 +68,10 @@ export function median(xs) {
 // framebuffer it draws into: one before (drains the queue, untimed; its time is the idle round
 // trip, reported as `syncMs`), one after (waits for this draw). A draw's time is its GPU work plus
 // one such round trip. Uploads and readbacks are timed as issued (no sync). Programs are named by
-// the "texelfit kernel: NAME" comment of their fragment shader.
-export async function profileGl(fn) {
+// the "texelfit kernel: NAME" comment of their fragment shader. With `repeat` > 1 each draw is issued
+// that many times between the two readPixels (the same inputs and outputs, so the same result) and
+// its time is divided by `repeat`: the round trip then weighs 1/repeat as much.
+export async function profileGl(fn, repeat = 1) {
   const P = WebGL2RenderingContext.prototype;
   const saved = { drawArrays: P.drawArrays, texSubImage2D: P.texSubImage2D, readPixels: P.readPixels,
                   useProgram: P.useProgram };
@@ -109,9 +111,10 @@ export async function profileGl(fn) {
     const t0 = performance.now();
     syncs++;
     syncTotal += t0 - s0;
-    const r = saved.drawArrays.apply(this, a);
+    let r;
+    for (let k = 0; k < repeat; k++) r = saved.drawArrays.apply(this, a);
     sync(this);
-    add(current, performance.now() - t0);
+    add(current, (performance.now() - t0) / repeat);
     return r;
   };
   const issued = (label, f) => function (...a) {
@@ -128,5 +131,5 @@ export async function profileGl(fn) {
   } finally {
     Object.assign(P, saved);
   }
-  return { byKernel, ms: performance.now() - t0, syncMs: syncs ? syncTotal / syncs : null };
+  return { byKernel, ms: performance.now() - t0, syncMs: syncs ? syncTotal / syncs : null, repeat };
 }

@@ -2,6 +2,9 @@
 // fresh page: each call measures the cold start (createModel + first step), then the steady state.
 import { loadF32, loadI32, longestTaskIn, longTasksSupported, countGlCalls, profileGl, median } from './common.js';
 
+// Steady-state profiles issue each draw this many times between their two syncs (common.js).
+const PROFILE_REPEAT = 8;
+
 async function open(bundle) {
   const t0 = performance.now();
   const mod = await import(bundle);
@@ -45,7 +48,7 @@ async function train({ bundle, x: xUrl, y: yUrl, batch, optimizer, warmup, steps
   // Diagnostic, untimed: the WebGL calls of 10 steps.
   const diagSteps = Math.min(10, warmup);
   const diag = await countGlCalls(() => m.fit(...part(1, diagSteps), opts));
-  const profile = await profileGl(() => m.fit(...part(1, diagSteps), opts));
+  const profile = await profileGl(() => m.fit(...part(1, diagSteps), opts), PROFILE_REPEAT);
   const createLT = await longestTaskIn(...o.createSpan);
   const firstLT = await longestTaskIn(t2, t3);
   m.dispose();
@@ -81,7 +84,8 @@ async function predict({ bundle, x: xUrl, warmup, steps, windows }) {
     out.push({ ms: b - a, perStep: (b - a) / steps, longestTask: lt.longest, longTasks: lt.count });
   }
   const diag = await countGlCalls(async () => { for (let i = 0; i < 10; i++) await m.predict(sample(i), 1); });
-  const profile = await profileGl(async () => { for (let i = 0; i < 10; i++) await m.predict(sample(i), 1); });
+  const profile = await profileGl(async () => { for (let i = 0; i < 10; i++) await m.predict(sample(i), 1); },
+                                  PROFILE_REPEAT);
   const timers = await timerDelays();
   const info = m.info;
   m.dispose();

@@ -32,10 +32,12 @@ def grad_target(plan, layer, slot: int):
     return plan.grad_targets[(layer.name, slot)]
 
 
-def weighted_passes(layer, plan, family: str, c: dict, title):
+def weighted_passes(layer, plan, family: str, c: dict, title, transposed_dz: bool = False):
     """Forward and backward passes of a layer with a weight, a bias and a fused activation
     (dense and conv): {family}_forward, {family}_grad_weight, _grad_bias and _grad_input, with
-    the kernel constants `c` and `title(c, what)` naming each kernel."""
+    the kernel constants `c` and `title(c, what)` naming each kernel. With `transposed_dz`,
+    {family}_dz_transpose first writes dZ transposed into dzt:Y (layout.py), and grad_weight
+    reads that instead of dZ."""
     x, y = layer.inputs[0], layer.outputs[0]
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
@@ -45,21 +47,26 @@ def weighted_passes(layer, plan, family: str, c: dict, title):
 
     forward = [Pass(kernel("forward", ("X", "W") + (("B",) if b else ())), [plan.tensor(x), w] + ([b] if b else []),
                     [plan.tensor(y)], "batch", layer.name)]
-    dy, ty, tx = plan.grad(y), plan.tensor(y), plan.tensor(x)
+    dz, tx = plan.grad(y), plan.tensor(x)
     backward = []
     if c["act"] != "none":
-        # dZ = dY * act'(Y) once, into dz:Y: the three gradient kernels then read one texture
-        # where each would fetch two and recompute the derivative (layout.py allocates dz:Y)
+        # dZ = dY * act'(Y) once, into dz:Y (layout.py allocates it): the gradient kernels below
+        # read only dZ, the gradient before the activation
         backward.append(Pass(Kernel(f"activation_grad {c['act']}", "activation_grad.glsl.j2", ("DY", "Y"),
                                     consts={"act": c["act"], "alpha": c["alpha"]}),
-                             [dy, ty], ["dz:" + y], "batch", layer.name))
-        dy, c = "dz:" + y, dict(c, act="none")
-    backward.append(Pass(kernel("grad_weight", ("DY", "Y", "X"), ("u_batch", "u_loss_scale")), [dy, ty, tx],
-                         ["pgrad:" + layer.params["weight"]], "full", layer.name))
+                             [dz, plan.tensor(y)], ["dz:" + y], "batch", layer.name))
+        dz, c = "dz:" + y, dict(c, act="none")  # the kernels below apply no activation
+    if transposed_dz:
+        backward.append(Pass(kernel("dz_transpose", ("DZ",), ("u_batch",)), [dz], ["dzt:" + y], "full", layer.name))
+        backward.append(Pass(kernel("grad_weight", ("DZT", "X"), ("u_batch", "u_loss_scale")), ["dzt:" + y, tx],
+                             ["pgrad:" + layer.params["weight"]], "full", layer.name))
+    else:
+        backward.append(Pass(kernel("grad_weight", ("DZ", "X"), ("u_batch", "u_loss_scale")), [dz, tx],
+                             ["pgrad:" + layer.params["weight"]], "full", layer.name))
     if b:
-        backward.append(Pass(kernel("grad_bias", ("DY", "Y"), ("u_batch", "u_loss_scale")), [dy, ty],
+        backward.append(Pass(kernel("grad_bias", ("DZ",), ("u_batch", "u_loss_scale")), [dz],
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))
     target = grad_target(plan, layer, 0)
     if target:
-        backward.append(Pass(kernel("grad_input", ("DY", "Y", "W")), [dy, ty, w], [target], "batch", layer.name))
+        backward.append(Pass(kernel("grad_input", ("DZ", "W")), [dz, w], [target], "batch", layer.name))
     return forward, backward

@@ -2,11 +2,11 @@
 W[OC, ICg, KH, KW] is laid out [ceil4(OC) rows, KH*KW*ceil(ICg/4) texels] (layout.py).
 
 forward        conv_forward       X, W, B        -> Y        rows: batch
-backward       activation_grad    DY, Y          -> DZ       rows: batch   (with a fused activation:
-                                                                        DZ = DY * act'(Y), read below as DY)
-               conv_grad_weight   DY, Y, X       -> dW       rows: full
-               conv_grad_bias     DY, Y          -> db       rows: full
-               conv_grad_input    DY, Y, W       -> dX       rows: batch   (when X needs a gradient)
+backward       activation_grad    DY, Y          -> DZ       rows: batch   (only with a fused activation:
+                                                                        DZ = DY * act'(Y); without, DZ is DY)
+               conv_grad_weight   DZ, X          -> dW       rows: full
+               conv_grad_bias     DZ             -> db       rows: full
+               conv_grad_input    DZ, W          -> dX       rows: batch   (when X needs a gradient)
 groups == 1 runs 4x4 channel blocks per fetch; grouped and depthwise convs run per lane.
 """
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """dense: Y = act(X @ W.T + b). W is laid out [ceil4(O) rows, ceil(I/4) texels] (layout.py).
 
 forward        dense_forward      X, W, B        -> Y        rows: batch
-backward       activation_grad    DY, Y          -> DZ       rows: batch   (with a fused activation:
-                                                                        DZ = DY * act'(Y), read below as DY)
-               dense_grad_weight  DY, Y, X       -> dW       rows: full
-               dense_grad_bias    DY, Y          -> db       rows: full
-               dense_grad_input   DY, Y, W       -> dX       rows: batch   (when X needs a gradient)
+backward       activation_grad    DY, Y          -> DZ       rows: batch   (only with a fused activation:
+                                                                        DZ = DY * act'(Y); without, DZ is DY)
+               dense_dz_transpose DZ             -> DZT      rows: full    (dZ as [O, samples], 4 per texel)
+               dense_grad_weight  DZT, X         -> dW       rows: full
+               dense_grad_bias    DZ             -> db       rows: full
+               dense_grad_input   DZ, W          -> dX       rows: batch   (when X needs a gradient)
 """
 from __future__ import annotations
 
@@ -30,4 +31,5 @@ def forward(layer, graph, plan):
 
 
 def backward(layer, graph, plan):
-    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title)[1]
+    # dense_grad_weight reads dZ transposed: one fetch brings 4 samples' dZ of its output row
+    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, transposed_dz=True)[1]
