@@ -19,7 +19,8 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
   bias b[O]                     1               1               o
   class labels                  n               1               1
   loss ring                     1               1               4 * RING     (loss of step s in texel s % RING, .x)
-  dense dZ transposed (dzt:)    o (padded to 4) 1               n            (4 samples of one output)
+  dZ, samples last (dzt:)       c * H + h       w               n            (4 samples of one (c, h, w);
+                                (c padded to 4)                              c = output feature of a dense)
 
 Where each element comes from in the source (PyTorch row-major) array is given by a
 `Packing`: element (r, b, c) sits at (r // r2) * s_r1 + (r % r2) * s_r2 + b * s_b + c * s_c.
@@ -92,6 +93,12 @@ def activation_packing(shape: tuple[int, ...], batch: int) -> Packing:
     """NCHW with `batch` samples; any other per-sample shape is flat data: (F,) as F x 1 x 1."""
     c, h, w = shape if len(shape) == 3 else (int(np.prod(shape)), 1, 1)
     return Packing(batch * h, h, w, c, c * h * w, w, 1, h * w)
+
+
+def samples_last_packing(shape: tuple[int, ...], batch: int) -> Packing:
+    """A per-sample tensor with the samples as channels: rows (c, h), blocks w, channels n."""
+    c, h, w = shape if len(shape) == 3 else (int(np.prod(shape)), 1, 1)
+    return Packing(c * h, h, w, batch, h * w, w, 1, c * h * w)
 
 
 def matrix_packing(rows: int, cols: int, transposed: bool = False) -> Packing:
@@ -202,10 +209,10 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             per_sample("argmax:" + out, "argmax", out)
         if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
             per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
-        if layer.op == "dense":  # that gradient transposed, [O rows, samples]: for dense_grad_weight
-            o = graph.shapes[out][0]
-            add(TextureSpec("dzt:" + out, "gradient", (o, max_batch), matrix_packing(o, max_batch, transposed=True),
-                            ceil_div(o, 4) * 4))
+        if layer.op in ("dense", "conv"):  # that gradient with the samples as channels: for *_grad_weight
+            shape = graph.shapes[out]
+            p = samples_last_packing(shape, max_batch)
+            add(TextureSpec("dzt:" + out, "gradient", shape + (max_batch,), p, ceil_div(p.rows // p.r2, 4) * 4 * p.r2))
 
     # Gradients. A tensor with one consumer gets grad:T written by that consumer's backward;
     # with several, each writes grad:T@k and a sum pass adds them into grad:T. The backward of

@@ -32,12 +32,10 @@ def grad_target(plan, layer, slot: int):
     return plan.grad_targets[(layer.name, slot)]
 
 
-def weighted_passes(layer, plan, family: str, c: dict, title, transposed_dz: bool = False):
+def weighted_passes(layer, plan, family: str, c: dict, title):
     """Forward and backward passes of a layer with a weight, a bias and a fused activation
     (dense and conv): {family}_forward, {family}_grad_weight, _grad_bias and _grad_input, with
-    the kernel constants `c` and `title(c, what)` naming each kernel. With `transposed_dz`,
-    {family}_dz_transpose first writes dZ transposed into dzt:Y (layout.py), and grad_weight
-    reads that instead of dZ."""
+    the kernel constants `c` and `title(c, what)` naming each kernel."""
     x, y = layer.inputs[0], layer.outputs[0]
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
@@ -56,13 +54,16 @@ def weighted_passes(layer, plan, family: str, c: dict, title, transposed_dz: boo
                                     consts={"act": c["act"], "alpha": c["alpha"]}),
                              [dz, plan.tensor(y)], ["dz:" + y], "batch", layer.name))
         dz, c = "dz:" + y, dict(c, act="none")  # the kernels below apply no activation
-    if transposed_dz:
-        backward.append(Pass(kernel("dz_transpose", ("DZ",), ("u_batch",)), [dz], ["dzt:" + y], "full", layer.name))
-        backward.append(Pass(kernel("grad_weight", ("DZT", "X"), ("u_batch", "u_loss_scale")), ["dzt:" + y, tx],
-                             ["pgrad:" + layer.params["weight"]], "full", layer.name))
-    else:
-        backward.append(Pass(kernel("grad_weight", ("DZ", "X"), ("u_batch", "u_loss_scale")), [dz, tx],
-                             ["pgrad:" + layer.params["weight"]], "full", layer.name))
+    # grad_weight sums over the samples: it reads dZ with the samples as channels (dzt:Y, layout.py),
+    # where one fetch brings 4 samples' dZ of one output
+    zt = plan.textures["dzt:" + y].packing
+    ch, h, w_ = zt.rows // zt.r2, zt.r2, zt.blocks
+    c = dict(c, nb4=zt.c4)
+    backward.append(Pass(Kernel(f"dz_transpose {ch}x{h}x{w_}", "dz_transpose.glsl.j2", ("DZ",), uniforms=("u_batch",),
+                                consts={"channels": ch, "c4": ceil_div(ch, 4), "h": h, "w": w_, "nb4": zt.c4}),
+                         [dz], ["dzt:" + y], "full", layer.name))
+    backward.append(Pass(kernel("grad_weight", ("DZT", "X"), ("u_batch", "u_loss_scale")), ["dzt:" + y, tx],
+                         ["pgrad:" + layer.params["weight"]], "full", layer.name))
     if b:
         backward.append(Pass(kernel("grad_bias", ("DZ",), ("u_batch", "u_loss_scale")), [dz],
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))

@@ -4,7 +4,8 @@ W[OC, ICg, KH, KW] is laid out [ceil4(OC) rows, KH*KW*ceil(ICg/4) texels] (layou
 forward        conv_forward       X, W, B        -> Y        rows: batch
 backward       activation_grad    DY, Y          -> DZ       rows: batch   (only with a fused activation:
                                                                         DZ = DY * act'(Y); without, DZ is DY)
-               conv_grad_weight   DZ, X          -> dW       rows: full
+               dz_transpose       DZ             -> DZT      rows: full    (dZ with the samples as channels)
+               conv_grad_weight   DZT, X         -> dW       rows: full
                conv_grad_bias     DZ             -> db       rows: full
                conv_grad_input    DZ, W          -> dX       rows: batch   (when X needs a gradient)
 groups == 1 runs 4x4 channel blocks per fetch; grouped and depthwise convs run per lane.

@@ -3,7 +3,7 @@
 forward        dense_forward      X, W, B        -> Y        rows: batch
 backward       activation_grad    DY, Y          -> DZ       rows: batch   (only with a fused activation:
                                                                         DZ = DY * act'(Y); without, DZ is DY)
-               dense_dz_transpose DZ             -> DZT      rows: full    (dZ as [O, samples], 4 per texel)
+               dz_transpose       DZ             -> DZT      rows: full    (dZ with the samples as channels)
                dense_grad_weight  DZT, X         -> dW       rows: full
                dense_grad_bias    DZ             -> db       rows: full
                dense_grad_input   DZ, W          -> dX       rows: batch   (when X needs a gradient)
@@ -31,5 +31,4 @@ def forward(layer, graph, plan):
 
 
 def backward(layer, graph, plan):
-    # dense_grad_weight reads dZ transposed: one fetch brings 4 samples' dZ of its output row
-    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, transposed_dz=True)[1]
+    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title)[1]
