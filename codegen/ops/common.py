@@ -32,15 +32,20 @@ def grad_target(plan, layer, slot: int):
     return plan.grad_targets[(layer.name, slot)]
 
 
-def weighted_passes(layer, plan, family: str, c: dict, title):
+def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str, ...] = ()):
     """Forward and backward passes of a layer with a weight, a bias and a fused activation
     (dense and conv): {family}_forward, {family}_grad_weight, _grad_bias and _grad_input, with
-    the kernel constants `c` and `title(c, what)` naming each kernel."""
+    the kernel constants `c` and `title(c, what)` naming each kernel. The kernels in `generic`
+    (e.g. "grad_bias") depend on no constant of the layer: they get none and a plain name, so
+    one program serves every layer (programs are shared by source, codegen/schedule.py), which
+    saves a shader compile per layer at the first step."""
     x, y = layer.inputs[0], layer.outputs[0]
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
 
     def kernel(what, inputs, uniforms=()):
+        if what in generic:
+            return Kernel(f"{family}_{what}", f"{family}_{what}.glsl.j2", inputs, uniforms=uniforms)
         return Kernel(title(c, f"{family}_{what}"), f"{family}_{what}.glsl.j2", inputs, uniforms=uniforms, consts=c)
 
     forward = [Pass(kernel("forward", ("X", "W") + (("B",) if b else ())), [plan.tensor(x), w] + ([b] if b else []),
@@ -59,8 +64,9 @@ def weighted_passes(layer, plan, family: str, c: dict, title):
     zt = plan.textures["dzt:" + y].packing
     ch, h, w_ = zt.rows // zt.r2, zt.r2, zt.blocks
     c = dict(c, nb4=zt.c4)
-    backward.append(Pass(Kernel(f"dz_transpose {ch}x{h}x{w_}", "dz_transpose.glsl.j2", ("DZ",), uniforms=("u_batch",),
-                                consts={"channels": ch, "c4": ceil_div(ch, 4), "h": h, "w": w_, "nb4": zt.c4}),
+    # (c4 only matters with w > 1: dense layers share one program)
+    backward.append(Pass(Kernel(f"dz_transpose {h}x{w_}", "dz_transpose.glsl.j2", ("DZ",), uniforms=("u_batch",),
+                                consts={"c4": ceil_div(ch, 4) if w_ > 1 else 0, "h": h, "w": w_, "nb4": zt.c4}),
                          [dz], ["dzt:" + y], "full", layer.name))
     backward.append(Pass(kernel("grad_weight", ("DZT", "X"), ("u_batch", "u_loss_scale")), ["dzt:" + y, tx],
                          ["pgrad:" + layer.params["weight"]], "full", layer.name))

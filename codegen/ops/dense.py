@@ -26,9 +26,13 @@ def _title(c, what):
     return f"{what} {c['in_features']}->{c['out_features']}{act}"
 
 
+# dense_grad_weight and dense_grad_bias read their sizes from the textures: one program for all layers
+_GENERIC = ("grad_weight", "grad_bias")
+
+
 def forward(layer, graph, plan):
-    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title)[0]
+    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _GENERIC)[0]
 
 
 def backward(layer, graph, plan):
-    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title)[1]
+    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _GENERIC)[1]
