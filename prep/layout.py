@@ -89,15 +89,20 @@ def flattens_in_place(layer, graph: Graph) -> bool:
     return len(shape) != 3 or shape[1] * shape[2] == 1
 
 
+def chw(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(C, H, W) of a per-sample shape; any other than CHW is flat data: (F,) as F x 1 x 1."""
+    return tuple(shape) if len(shape) == 3 else (int(np.prod(shape)), 1, 1)
+
+
 def activation_packing(shape: tuple[int, ...], batch: int) -> Packing:
-    """NCHW with `batch` samples; any other per-sample shape is flat data: (F,) as F x 1 x 1."""
-    c, h, w = shape if len(shape) == 3 else (int(np.prod(shape)), 1, 1)
+    """NCHW with `batch` samples (shapes other than CHW as flat data, see chw)."""
+    c, h, w = chw(shape)
     return Packing(batch * h, h, w, c, c * h * w, w, 1, h * w)
 
 
 def samples_last_packing(shape: tuple[int, ...], batch: int) -> Packing:
     """A per-sample tensor with the samples as channels: rows (c, h), blocks w, channels n."""
-    c, h, w = shape if len(shape) == 3 else (int(np.prod(shape)), 1, 1)
+    c, h, w = chw(shape)
     return Packing(c * h, h, w, batch, h * w, w, 1, c * h * w)
 
 
@@ -211,8 +216,9 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
         if layer.op in ("dense", "conv"):  # that gradient with the samples as channels: for *_grad_weight
             shape = graph.shapes[out]
-            p = samples_last_packing(shape, max_batch)
-            add(TextureSpec("dzt:" + out, "gradient", shape + (max_batch,), p, ceil_div(p.rows // p.r2, 4) * 4 * p.r2))
+            c, h, _ = chw(shape)
+            add(TextureSpec("dzt:" + out, "gradient", shape + (max_batch,), samples_last_packing(shape, max_batch),
+                            ceil_div(c, 4) * 4 * h))
 
     # Gradients. A tensor with one consumer gets grad:T written by that consumer's backward;
     # with several, each writes grad:T@k and a sum pass adds them into grad:T. The backward of

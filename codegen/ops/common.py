@@ -1,7 +1,7 @@
 """Constants and helpers shared by the op families."""
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div
+from texelfit.prep.layout import ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
 
 from ..kernels import Kernel, Pass, glsl_float
 
@@ -17,11 +17,6 @@ def activation(layer) -> dict:
     """Constants of kernels/activation.glsl.j2 for a layer's (fused or own) activation."""
     act = layer.attrs.get("act", layer.op if layer.op not in ("dense", "conv") else "none")
     return {"act": act, "alpha": glsl_float(layer.attrs.get("alpha", 0.0))}
-
-
-def chw(shape) -> tuple[int, int, int]:
-    """(C, H, W) of a per-sample shape; dense (F,) is (F, 1, 1)."""
-    return tuple(shape) if len(shape) == 3 else (shape[0], 1, 1)
 
 
 def grad_target(plan, layer, slot: int):
@@ -61,12 +56,12 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
         dz, c = "dz:" + y, dict(c, act="none")  # the kernels below apply no activation
     # grad_weight sums over the samples: it reads dZ with the samples as channels (dzt:Y, layout.py),
     # where one fetch brings 4 samples' dZ of one output
-    zt = plan.textures["dzt:" + y].packing
-    ch, h, w_ = zt.rows // zt.r2, zt.r2, zt.blocks
-    c = dict(c, nb4=zt.c4)
+    zt = plan.textures["dzt:" + y]
+    ch, h, w_ = chw(zt.shape[:-1])
+    c = dict(c, nb4=zt.packing.c4)
     # (c4 only matters with w > 1: dense layers share one program)
     backward.append(Pass(Kernel(f"dz_transpose {h}x{w_}", "dz_transpose.glsl.j2", ("DZ",), uniforms=("u_batch",),
-                                consts={"c4": ceil_div(ch, 4) if w_ > 1 else 0, "h": h, "w": w_, "nb4": zt.c4}),
+                                consts={"c4": ceil_div(ch, 4) if w_ > 1 else 0, "h": h, "w": w_, "nb4": zt.packing.c4}),
                          [dz], ["dzt:" + y], "full", layer.name))
     backward.append(Pass(kernel("grad_weight", ("DZT", "X"), ("u_batch", "u_loss_scale")), ["dzt:" + y, tx],
                          ["pgrad:" + layer.params["weight"]], "full", layer.name))
