@@ -15,12 +15,18 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
   activation NCHW (and grads)   n * H + h       w               c            (4 channels of one (n, h, w))
   activation (N, F)             n               1               f            (the same with H = W = 1)
   dense weight W[O, I]          o (padded to 4) 1               i
-  conv weight W[OC, ICg, KH, KW] oc (padded to 4) kh * KW + kw  ic
+  conv weight W[OC, ICg, KH, KW] kh * ICg + j   kw              oc           (4 output channels of one (j, kh, kw))
   bias b[O]                     1               1               o
   class labels                  n               1               1
   loss ring                     1               1               4 * RING     (loss of step s in texel s % RING, .x)
-  dZ, samples last (dzt:)       c * H + h       w               n            (4 samples of one (c, h, w);
-                                (c padded to 4)                              c = output feature of a dense)
+  samples last (dzt:, xt:)      c * H + h       w               n            (4 samples of one (c, h, w);
+                                                                             a dense output is (F, 1, 1))
+
+A weight's texel packs the axis that is wide in practice: a dense layer's inputs (its outputs
+may be 10 classes or 1 value) and a conv's output channels (its inputs are often 1 or 3, grey or
+RGB, which would leave 3/4 or 1/4 of every input-packed texel empty). The weight gradient sums
+over the samples, so it reads the other factor with the samples as channels (4 samples a fetch):
+dZ of a dense output (dzt:Y, rows padded to 4 like the weight's) and X of a conv input (xt:X).
 
 Where each element comes from in the source (PyTorch row-major) array is given by a
 `Packing`: element (r, b, c) sits at (r // r2) * s_r1 + (r % r2) * s_r2 + b * s_b + c * s_c.
@@ -112,7 +118,8 @@ def matrix_packing(rows: int, cols: int, transposed: bool = False) -> Packing:
 
 
 def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
-    return Packing(oc, 1, kh * kw, icg, icg * kh * kw, 0, 1, kh * kw)
+    """W[OC, ICg, KH, KW]: texel (kw * ceil(OC/4) + o4, kh * ICg + j) holds W[4*o4 .. 4*o4+3, j, kh, kw]."""
+    return Packing(kh * icg, icg, kw, oc, kw, kh * kw, 1, icg * kh * kw)
 
 
 def _source_index(p: Packing) -> np.ndarray:
@@ -201,6 +208,12 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         p = activation_packing(shape, max_batch)
         add(TextureSpec(name, role, (max_batch,) + shape, p, p.rows, p.r2))
 
+    def samples_last(name, role, tensor, rows_of=1):
+        shape = graph.shapes[tensor]
+        c, h, _ = chw(shape)
+        add(TextureSpec(name, role, shape + (max_batch,), samples_last_packing(shape, max_batch),
+                        ceil_div(c, rows_of) * rows_of * h))
+
     needs = graph.needs_grad()
     act_alias: dict[str, str] = {}
     per_sample("act:" + graph.input, "activation", graph.input)
@@ -214,11 +227,11 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             per_sample("argmax:" + out, "argmax", out)
         if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
             per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
-        if layer.op in ("dense", "conv"):  # that gradient with the samples as channels: for *_grad_weight
-            shape = graph.shapes[out]
-            c, h, _ = chw(shape)
-            add(TextureSpec("dzt:" + out, "gradient", shape + (max_batch,), samples_last_packing(shape, max_batch),
-                            ceil_div(c, 4) * 4 * h))
+        # the weight gradient's factor with the samples as channels (see above)
+        if layer.op == "dense":
+            samples_last("dzt:" + out, "gradient", out, rows_of=4)
+        if layer.op == "conv":
+            samples_last("xt:" + act_alias.get(layer.inputs[0], layer.inputs[0]), "activation", layer.inputs[0])
 
     # Gradients. A tensor with one consumer gets grad:T written by that consumer's backward;
     # with several, each writes grad:T@k and a sum pass adds them into grad:T. The backward of
@@ -258,7 +271,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             height = 1
         elif layer.op == "conv":
             packing = conv_weight_packing(*p.array.shape)
-            height = ceil_div(p.array.shape[0], 4) * 4
+            height = packing.rows
         else:
             o, i = p.canonical().shape
             packing = matrix_packing(o, i, p.transposed)

@@ -40,8 +40,8 @@ LAYOUTS = {
     "nchw 1 channel": (activation_packing((1, 4, 3), 2), 8),
     "dense weight 31x45 (padded rows)": (matrix_packing(31, 45), 32),
     "dense weight stored [in, out]": (matrix_packing(7, 9, transposed=True), 8),
-    "conv weight 6x5x3x2": (conv_weight_packing(6, 5, 3, 2), 8),
-    "depthwise weight 5x1x3x3": (conv_weight_packing(5, 1, 3, 3), 8),
+    "conv weight 6x5x3x2": (conv_weight_packing(6, 5, 3, 2), 15),
+    "depthwise weight 5x1x3x3": (conv_weight_packing(5, 1, 3, 3), 3),
     "bias 13": (matrix_packing(1, 13), 1),
 }
 
@@ -68,6 +68,16 @@ def test_layout_round_trip_python_and_js(web, site, case):
     }""", [url, src.tolist(), pk.to_json(), pk.rows])
     assert np.array_equal(np.asarray(got["packed"], np.float32), texels[: pk.rows].reshape(-1))
     assert np.array_equal(np.asarray(got["back"], np.float32), src)
+
+
+def test_conv_weight_texel_holds_four_output_channels():
+    oc, icg, kh, kw = 6, 5, 3, 2
+    w = np.random.default_rng(0).standard_normal((oc, icg, kh, kw)).astype(np.float32)
+    t = pack(w, conv_weight_packing(oc, icg, kh, kw))
+    assert t.shape == (kh * icg, kw * 2, 4)
+    for o, j, h, x in np.ndindex(w.shape):  # texel (kw*oc4 + o//4, kh*icg + j), lane o%4
+        assert t[h * icg + j, x * 2 + o // 4, o % 4] == w[o, j, h, x]
+    assert not t[:, 1::2, 2:].any()  # channels 6 and 7 are padding
 
 
 def test_shader_compile_error_names_the_kernel_and_shows_numbered_source(web, site):

@@ -64,4 +64,5 @@ def test_report_lists_every_texture():
     # (4, 7, 7) per sample, channel-packed: 7 positions x 1 texel wide, 4 samples x 7 rows high
     assert conv_act["texture"] == [7, 28] and conv_act["pad_lanes"] == 0 and conv_act["bytes"] == 7 * 28 * 16
     w = next(t for t in r.report["textures"] if t["name"] == "param:w")
-    assert w["texture"] == [9, 4] and w["pad_lanes"] == 1 and w["double"]
+    # W[4, 3, 3, 3]: 4 output channels a texel, kw = 3 texels wide, kh * ic = 9 rows high
+    assert w["texture"] == [3, 9] and w["pad_lanes"] == 0 and w["double"]

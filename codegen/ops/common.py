@@ -54,16 +54,21 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
                                     consts={"act": c["act"], "alpha": c["alpha"]}),
                              [dz, plan.tensor(y)], ["dz:" + y], "batch", layer.name))
         dz, c = "dz:" + y, dict(c, act="none")  # the kernels below apply no activation
-    # grad_weight sums over the samples: it reads dZ with the samples as channels (dzt:Y, layout.py),
-    # where one fetch brings 4 samples' dZ of one output
-    zt = plan.textures["dzt:" + y]
-    ch, h, w_ = chw(zt.shape[:-1])
-    c = dict(c, nb4=zt.packing.c4)
+    # grad_weight sums over the samples: it reads the factor that the weight's texel does not pack
+    # with the samples as channels (layout.py), 4 samples a fetch: dZ of a dense, X of a conv
+    if family == "dense":
+        src, st, names = dz, "dzt:" + y, ("DZT", "X")
+    else:
+        src, st, names = tx, "xt:" + tx[len("act:"):], ("DZ", "XT")
+    spec = plan.textures[st]
+    ch, h, w_ = chw(spec.shape[:-1])
+    c = dict(c, nb4=spec.packing.c4)
     # (c4 only matters with w > 1: dense layers share one program)
-    backward.append(Pass(Kernel(f"dz_transpose {h}x{w_}", "dz_transpose.glsl.j2", ("DZ",), uniforms=("u_batch",),
-                                consts={"c4": ceil_div(ch, 4) if w_ > 1 else 0, "h": h, "w": w_, "nb4": zt.packing.c4}),
-                         [dz], ["dzt:" + y], "full", layer.name))
-    backward.append(Pass(kernel("grad_weight", ("DZT", "X"), ("u_batch", "u_loss_scale")), ["dzt:" + y, tx],
+    backward.append(Pass(Kernel(f"samples_last {h}x{w_}", "samples_last.glsl.j2", ("A",), uniforms=("u_batch",),
+                                consts={"c4": ceil_div(ch, 4) if w_ > 1 else 0, "h": h, "w": w_, "nb4": spec.packing.c4}),
+                         [src], [st], "full", layer.name))
+    factors = [st, tx] if family == "dense" else [dz, st]
+    backward.append(Pass(kernel("grad_weight", names, ("u_batch", "u_loss_scale")), factors,
                          ["pgrad:" + layer.params["weight"]], "full", layer.name))
     if b:
         backward.append(Pass(kernel("grad_bias", ("DZ",), ("u_batch", "u_loss_scale")), [dz],

@@ -1,14 +1,15 @@
 """conv: Y = act(conv2d(X, W, b)), any kernel, stride, padding (t, l, b, r), dilation, groups.
-W[OC, ICg, KH, KW] is laid out [ceil4(OC) rows, KH*KW*ceil(ICg/4) texels] (layout.py).
+W[OC, ICg, KH, KW] is laid out [KH*ICg rows, KW*ceil(OC/4) texels]: 4 output channels a texel (layout.py).
 
 forward        conv_forward       X, W, B        -> Y        rows: batch
 backward       activation_grad    DY, Y          -> DZ       rows: batch   (only with a fused activation:
                                                                         DZ = DY * act'(Y); without, DZ is DY)
-               dz_transpose       DZ             -> DZT      rows: full    (dZ with the samples as channels)
-               conv_grad_weight   DZT, X         -> dW       rows: full
+               samples_last       X              -> XT       rows: full    (X with the samples as channels)
+               conv_grad_weight   DZ, XT         -> dW       rows: full
                conv_grad_bias     DZ             -> db       rows: full
                conv_grad_input    DZ, W          -> dX       rows: batch   (when X needs a gradient)
-groups == 1 runs 4x4 channel blocks per fetch; grouped and depthwise convs run per lane.
+groups == 1 runs 4x4 channel blocks per fetch, depthwise convs 4 channels a fetch; other grouped
+convs run per lane.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _consts(layer, graph):
     (kh, kw), (sh, sw), (pt, pl, _, _), (dh, dw) = a["kernel"], a["strides"], a["pads"], a["dilations"]
     return dict(activation(layer), **lanes(oc), ic=ic, ih=ih, iw=iw, oc=oc, oh=oh, ow=ow, ic4=ceil_div(ic, 4),
                 oc4=ceil_div(oc, 4), kh=kh, kw=kw, sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw, groups=g,
-                icg=ic // g, ocg=oc // g, icg4=ceil_div(ic // g, 4), has_bias="bias" in layer.params)
+                icg=ic // g, ocg=oc // g, depthwise=g == ic == oc, has_bias="bias" in layer.params)
 
 
 def _title(c, what):

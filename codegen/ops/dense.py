@@ -3,7 +3,7 @@
 forward        dense_forward      X, W, B        -> Y        rows: batch
 backward       activation_grad    DY, Y          -> DZ       rows: batch   (only with a fused activation:
                                                                         DZ = DY * act'(Y); without, DZ is DY)
-               dz_transpose       DZ             -> DZT      rows: full    (dZ with the samples as channels)
+               samples_last       DZ             -> DZT      rows: full    (dZ with the samples as channels)
                dense_grad_weight  DZT, X         -> dW       rows: full
                dense_grad_bias    DZ             -> db       rows: full
                dense_grad_input   DZ, W          -> dX       rows: batch   (when X needs a gradient)
