@@ -230,13 +230,14 @@ def prepare(site, args, compile_onnx, export_simplified):
 
 
 def schedule_passes(js):
-    """Passes per step, from the bundle's static schedule."""
+    """Passes per training step, from the bundle's static schedule (the backward of a step is
+    trainBackward where the bundle has one: without the gradient passes its optimizer fuses)."""
     m = re.search(r"^const SCHEDULE = (\{.*\});$", js, re.M)
     if not m:
         return None
     s = json.loads(m.group(1))
     return {"forward": len(s["forward"]), "loss": {k: len(v) for k, v in s["loss"].items()},
-            "backward": len(s["backward"]), "optimizer": {k: len(v) for k, v in s["optimizer"].items()}}
+            "backward": len(s.get("trainBackward", s["backward"])), "optimizer": {k: len(v) for k, v in s["optimizer"].items()}}
 
 
 def gz(data: bytes) -> int:

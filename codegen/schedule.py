@@ -3,8 +3,10 @@
 The runtime is a small interpreter over what this module returns:
 
     predict                         forward passes
-    trainStep(loss, optimizer)      forward + loss[loss] + backward + optimizer[optimizer].passes,
-                                    then the optimizer's swaps (ping-pong pointer swaps)
+    trainStep(loss, optimizer)      forward + loss[loss] + train_backward + optimizer[optimizer].passes,
+                                    then the optimizer's swaps (ping-pong pointer swaps); train_backward
+                                    is backward without the parameter-gradient passes, which the
+                                    optimizer passes compute themselves (ops/optim.py)
     gradients(loss)                 forward + loss[loss] + backward
 
 A pass is {kernel, inputs (texture per sampler, in the kernel's order),
@@ -31,6 +33,7 @@ class Schedule:
     loss: dict[str, list[Pass]] = field(default_factory=dict)
     optimizer: dict[str, list[Pass]] = field(default_factory=dict)
     swaps: dict[str, list[str]] = field(default_factory=dict)
+    train_backward: list[int] = field(default_factory=list)  # indices into backward
 
     def all_passes(self) -> list[Pass]:
         out = self.forward + self.backward
@@ -56,11 +59,13 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
             continue  # class logits only
         s.loss[loss] = ops.loss_passes(loss, out_spec, plan.grad_targets[("<loss>", 0)])
 
+    grad_pass = {p.outputs[0]: p for p in s.backward if p.outputs[0].startswith("pgrad:")}
+    s.train_backward = [i for i, p in enumerate(s.backward) if p.outputs[0] not in grad_pass]
     for opt in ops.OPTIMIZERS:
         s.optimizer[opt] = []
         s.swaps[opt] = []
         for p in graph.params.values():
-            passes, swaps = ops.optimizer_pass(opt, p.name, tex)
+            passes, swaps = ops.optimizer_pass(opt, p.name, grad_pass["pgrad:" + p.name])
             s.optimizer[opt] += passes
             s.swaps[opt] += swaps
     return s
@@ -92,6 +97,7 @@ def serialize(schedule: Schedule) -> tuple[list[dict], dict]:
         "loss": {k: passes(v) for k, v in schedule.loss.items()},
         "optimizer": {k: passes(v) for k, v in schedule.optimizer.items()},
         "swaps": schedule.swaps,
+        "trainBackward": schedule.train_backward,
     }
     return kernels, data
 

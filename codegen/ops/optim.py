@@ -1,8 +1,14 @@
 """Optimizers: one pass per parameter tensor, writing the parameter and its state
 through multiple render targets into the other half of their ping-pong pairs.
 
-sgd    P, G, M     -> P', M'        (torch.optim.SGD: momentum, dampening, nesterov, weight_decay)
-adam   P, G, M, V  -> P', M', V'    (torch.optim.Adam; AdamW with u_decoupled = 1)
+sgd    (gradient inputs), P, M     -> P', M'        (torch.optim.SGD: momentum, dampening, nesterov, weight_decay)
+adam   (gradient inputs), P, M, V  -> P', M', V'    (torch.optim.Adam; AdamW with u_decoupled = 1)
+
+The pass also computes the gradient it applies: it includes the parameter's gradient kernel
+(dense_grad_weight, conv_grad_bias, ...) as a function and reads that kernel's inputs. So a
+training step runs the backward without the passes that write pgrad: textures (the schedule's
+train_backward) and never writes nor reads a parameter gradient: one pass and one round trip
+through memory fewer per parameter. `gradients()` runs those passes and reads pgrad:.
 """
 from __future__ import annotations
 
@@ -14,10 +20,13 @@ _SGD_UNIFORMS = ("u_lr", "u_momentum", "u_dampening", "u_nesterov", "u_first", "
 _ADAM_UNIFORMS = ("u_lr", "u_wd", "u_decoupled", "u_beta1", "u_beta2", "u_eps", "u_step_size", "u_bc2_sqrt")
 
 
-def optimizer_pass(opt, name, textures):
-    p, g, m, v = "param:" + name, "pgrad:" + name, "m:" + name, "v:" + name
-    if opt == "sgd":
-        k = Kernel("sgd", "sgd.glsl.j2", ("P", "G", "M"), outputs=2, uniforms=_SGD_UNIFORMS)
-        return [Pass(k, [p, g, m], [p, m], "full", name)], [p, m]
-    k = Kernel("adam", "adam.glsl.j2", ("P", "G", "M", "V"), outputs=3, uniforms=_ADAM_UNIFORMS)
-    return [Pass(k, [p, g, m, v], [p, m, v], "full", name)], [p, m, v]
+def optimizer_pass(opt, name, grad: Pass):
+    """The update of parameter `name` by `opt`, computing its gradient as `grad` (the backward pass
+    that writes pgrad:name) does."""
+    p, m, v = "param:" + name, "m:" + name, "v:" + name
+    state = [p, m] if opt == "sgd" else [p, m, v]
+    g = grad.kernel
+    consts = dict(g.consts, gradient=g.template.removesuffix(".glsl.j2"))
+    k = Kernel(f"{opt} {g.name}", f"{opt}.glsl.j2", g.inputs + ("P", "M", "V")[: len(state)], outputs=len(state),
+               uniforms=g.uniforms + (_SGD_UNIFORMS if opt == "sgd" else _ADAM_UNIFORMS), consts=consts)
+    return [Pass(k, grad.inputs + state, state, "full", name)], state
