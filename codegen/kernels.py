@@ -53,7 +53,7 @@ class Pass:
     kernel: Kernel
     inputs: list[str]
     outputs: list[str]
-    rows: str  # "batch" | "full" | "ring"
+    rows: str  # "batch" | "blocks" | "full" | "ring"
     label: str  # the IR layer (or loss, or parameter) it belongs to
 
 

@@ -21,6 +21,8 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
   loss ring                     1               1               4 * RING     (loss of step s in texel s % RING, .x)
   samples last (dzt:, xt:)      c * H + h       w               n            (4 samples of one (c, h, w);
                                                                              a dense output is (F, 1, 1))
+  sample-blocked part (blk{t}:) (n // 4) * H + h w               c            (the samples n = 4*r + t of an
+                                                                             activation, see SAMPLE_BLOCK_MIN_MACS)
 
 A weight's texel packs the axis that is wide in practice: a dense layer's inputs (its outputs
 may be 10 classes or 1 value) and a conv's output channels (its inputs are often 1 or 3, grey or
@@ -120,6 +122,24 @@ def matrix_packing(rows: int, cols: int, transposed: bool = False) -> Packing:
 def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
     """W[OC, ICg, KH, KW]: texel (kw * ceil(OC/4) + o4, kh * ICg + j) holds W[4*o4 .. 4*o4+3, j, kh, kw]."""
     return Packing(kh * icg, icg, kw, oc, kw, kh * kw, 1, icg * kh * kw)
+
+
+# A dense or conv forward with at least this many multiply-adds per sample computes 4 samples a
+# fragment where the batch can be 8 or more: each weight texel it fetches then serves 4 samples
+# (dense: 8 fetches for 64 multiply-adds instead of 5 for 16). It writes them into 4 textures
+# (blk0: .. blk3:, samples 4*r + t in row r of blk{t}: render targets must be whole textures) and
+# a second pass interleaves those into the output. Below this size that extra pass costs more
+# than the fetches saved.
+SAMPLE_BLOCK_MIN_MACS = 16384
+
+
+def sample_blocked(layer, graph: Graph, max_batch: int) -> bool:
+    if layer.op not in ("dense",) or max_batch < 8 or layer.attrs.get("groups", 1) != 1:
+        return False
+    weight = graph.params[layer.params["weight"]].array
+    out = graph.shapes[layer.outputs[0]]
+    spatial = int(np.prod(out[1:])) if len(out) == 3 else 1
+    return weight.size * spatial >= SAMPLE_BLOCK_MIN_MACS
 
 
 def _source_index(p: Packing) -> np.ndarray:
@@ -225,6 +245,11 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         per_sample("act:" + out, "activation", out)
         if layer.op == "maxpool":  # where each maximum came from, for the backward
             per_sample("argmax:" + out, "argmax", out)
+        if sample_blocked(layer, graph, max_batch):  # 4 samples a fragment: its forward's 4 render targets
+            shape = graph.shapes[out]
+            p = activation_packing(shape, ceil_div(max_batch, 4))
+            for t in range(4):
+                add(TextureSpec(f"blk{t}:{out}", "activation", (ceil_div(max_batch, 4),) + shape, p, p.rows, p.r2))
         if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
             per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
         # the weight gradient's factor with the samples as channels (see above)

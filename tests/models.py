@@ -51,6 +51,8 @@ OP_CASES = {
     "dropout_identity": (lambda: nn.Sequential(nn.Linear(45, 31), nn.Dropout(0.5), nn.ReLU(), nn.Identity(),
                                                nn.Linear(31, 7)), (45,)),
     "sigmoid_output": (lambda: nn.Sequential(nn.Linear(45, 9), nn.Sigmoid()), (45,)),
+    # 200x96 weights: past layout.SAMPLE_BLOCK_MIN_MACS, the first forward computes 4 samples a fragment
+    "sample_blocked": (lambda: nn.Sequential(nn.Linear(200, 96), nn.ReLU(), nn.Linear(96, 7)), (200,)),
 }
 
 

@@ -14,6 +14,8 @@ import zlib
 import pytest
 
 from helpers import check_op
+from texelfit.build import compile_onnx
+from texelfit.prep.load import export_simplified
 from models import OP_CASES
 
 BATCH = 11
@@ -29,3 +31,15 @@ def test_forward_and_gradients_cross_entropy(web, site, case):
 def test_forward_and_gradients_mse(web, site, case):
     factory, shape = OP_CASES[case]
     check_op(web, site, case, factory, shape, "mse", batch=BATCH, seed=zlib.crc32(case.encode()) % 1000)
+
+
+def test_sample_blocked_case_is_blocked_and_small_layers_are_not():
+    """The sample_blocked case really runs the 4-samples-a-fragment forward (and its interleave)."""
+    factory, shape = OP_CASES["sample_blocked"]
+    result = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=64)
+    names = {t["name"] for t in result.report["textures"]}
+    blocked = {n.split(":", 1)[1] for n in names if n.startswith("blk")}
+    assert len(blocked) == 1, names  # the 200->96 layer; not 96->7
+    assert "// texelfit kernel: interleave" in result.files["m.js"]
+    small = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=4)
+    assert not any(t["name"].startswith("blk") for t in small.report["textures"])  # batches of 4 at most

@@ -38,13 +38,23 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
 
-    def kernel(what, inputs, uniforms=()):
+    def kernel(what, inputs, uniforms=(), outputs=1, **more):
         if what in generic:
-            return Kernel(f"{family}_{what}", f"{family}_{what}.glsl.j2", inputs, uniforms=uniforms)
-        return Kernel(title(c, f"{family}_{what}"), f"{family}_{what}.glsl.j2", inputs, uniforms=uniforms, consts=c)
+            return Kernel(f"{family}_{what}", f"{family}_{what}.glsl.j2", inputs, outputs, uniforms)
+        return Kernel(title(c, f"{family}_{what}"), f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
+                      consts=dict(c, **more))
 
-    forward = [Pass(kernel("forward", ("X", "W") + (("B",) if b else ())), [plan.tensor(x), w] + ([b] if b else []),
-                    [plan.tensor(y)], "batch", layer.name)]
+    fwd_inputs = [plan.tensor(x), w] + ([b] if b else [])
+    fwd_names = ("X", "W") + (("B",) if b else ())
+    if "blk0:" + y in plan.textures:  # sample-blocked (layout.py: SAMPLE_BLOCK_MIN_MACS)
+        parts = [f"blk{t}:{y}" for t in range(4)]
+        forward = [Pass(kernel("forward", fwd_names, ("u_batch",), 4, blocked=True), fwd_inputs, parts, "blocks",
+                        layer.name),
+                   Pass(Kernel("interleave", "interleave.glsl.j2", ("T0", "T1", "T2", "T3"),
+                               consts={"h": plan.textures[parts[0]].sample_rows}),
+                        parts, [plan.tensor(y)], "batch", layer.name)]
+    else:
+        forward = [Pass(kernel("forward", fwd_names, blocked=False), fwd_inputs, [plan.tensor(y)], "batch", layer.name)]
     dz, tx = plan.grad(y), plan.tensor(x)
     backward = []
     if c["act"] != "none":
