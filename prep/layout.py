@@ -134,7 +134,7 @@ SAMPLE_BLOCK_MIN_MACS = 16384
 
 
 def sample_blocked(layer, graph: Graph, max_batch: int) -> bool:
-    if layer.op not in ("dense",) or max_batch < 8 or layer.attrs.get("groups", 1) != 1:
+    if layer.op not in ("dense", "conv") or max_batch < 8 or layer.attrs.get("groups", 1) != 1:
         return False
     weight = graph.params[layer.params["weight"]].array
     out = graph.shapes[layer.outputs[0]]

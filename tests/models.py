@@ -166,6 +166,8 @@ CNN_CASES = {
     "conv_depthwise_multiplier": (_seq(nn.Conv2d(3, 6, 3, groups=3, stride=2)), IMG, "mse"),
     "conv_asymmetric_pad": (_seq(nn.ZeroPad2d((1, 0, 2, 1)), nn.Conv2d(3, 5, 3)), IMG, "mse"),
     "conv_relu_fused": (_seq(nn.Conv2d(3, 5, 3), nn.ReLU()), IMG, "mse"),
+    # past layout.SAMPLE_BLOCK_MIN_MACS: both forwards compute 4 samples a fragment (3 and 8 input channels)
+    "conv_sample_blocked": (_seq(nn.Conv2d(3, 8, 3, padding=1), nn.Tanh(), nn.Conv2d(8, 8, 3)), IMG, "mse"),
     "conv_tanh_sigmoid_leaky": (_seq(nn.Conv2d(3, 5, 3), nn.Tanh(), nn.Conv2d(5, 4, 3, padding=1), nn.Sigmoid(),
                                      nn.Conv2d(4, 3, 1), nn.LeakyReLU(0.1)), IMG, "mse"),
     "activation_on_input_and_after_pool": (_seq(nn.ReLU(), nn.Conv2d(3, 5, 3), nn.MaxPool2d(2), nn.Tanh(),

@@ -14,9 +14,9 @@ import zlib
 import pytest
 
 from helpers import check_op
+from models import OP_CASES
 from texelfit.build import compile_onnx
 from texelfit.prep.load import export_simplified
-from models import OP_CASES
 
 BATCH = 11
 
