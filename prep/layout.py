@@ -21,8 +21,9 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
   loss ring                     1               1               4 * RING     (loss of step s in texel s % RING, .x)
   samples last (dzt:, xt:)      c * H + h       w               n            (4 samples of one (c, h, w);
                                                                              a dense output is (F, 1, 1))
-  sample-blocked part (blk{t}:) (n // 4) * H + h w               c            (the samples n = 4*r + t of an
-                                                                             activation, see SAMPLE_BLOCK_MIN_MACS)
+  sample-blocked part (blk{t}:T) (n // 4) * H + h w              c            (the samples n = 4*r + t of T, an
+                                                                             activation or gradient, see
+                                                                             SAMPLE_BLOCK_MIN_MACS)
 
 A weight's texel packs the axis that is wide in practice: a dense layer's inputs (its outputs
 may be 10 classes or 1 value) and a conv's output channels (its inputs are often 1 or 3, grey or
@@ -124,11 +125,11 @@ def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
     return Packing(kh * icg, icg, kw, oc, kw, kh * kw, 1, icg * kh * kw)
 
 
-# A dense or conv forward with at least this many multiply-adds per sample computes 4 samples a
-# fragment where the batch can be 8 or more: each weight texel it fetches then serves 4 samples
-# (dense: 8 fetches for 64 multiply-adds instead of 5 for 16). It writes them into 4 textures
-# (blk0: .. blk3:, samples 4*r + t in row r of blk{t}: render targets must be whole textures) and
-# a second pass interleaves those into the output. Below this size that extra pass costs more
+# A dense or conv layer with at least this many multiply-adds per sample computes 4 samples a
+# fragment in its forward and grad_input where the batch can be 8 or more: each weight texel
+# fetched then serves 4 samples (dense: 8 fetches for 64 multiply-adds instead of 5 for 16). Such
+# a pass writes 4 textures (blk0:T .. blk3:T, samples 4*r + t in row r of blk{t}: render targets
+# are whole textures) and a second pass interleaves those into T (kernels/batch_main.glsl.j2). Below this size that extra pass costs more
 # than the fetches saved.
 SAMPLE_BLOCK_MIN_MACS = 16384
 
@@ -228,6 +229,12 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         p = activation_packing(shape, max_batch)
         add(TextureSpec(name, role, (max_batch,) + shape, p, p.rows, p.r2))
 
+    def blocked_parts(name, role, tensor):
+        shape = graph.shapes[tensor]
+        p = activation_packing(shape, ceil_div(max_batch, 4))
+        for t in range(4):
+            add(TextureSpec(f"blk{t}:{name}", role, (ceil_div(max_batch, 4),) + shape, p, p.rows, p.r2))
+
     def samples_last(name, role, tensor, rows_of=1):
         shape = graph.shapes[tensor]
         c, h, _ = chw(shape)
@@ -246,10 +253,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         if layer.op == "maxpool":  # where each maximum came from, for the backward
             per_sample("argmax:" + out, "argmax", out)
         if sample_blocked(layer, graph, max_batch):  # 4 samples a fragment: its forward's 4 render targets
-            shape = graph.shapes[out]
-            p = activation_packing(shape, ceil_div(max_batch, 4))
-            for t in range(4):
-                add(TextureSpec(f"blk{t}:{out}", "activation", (ceil_div(max_batch, 4),) + shape, p, p.rows, p.r2))
+            blocked_parts("act:" + out, "activation", out)
         if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
             per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
         # the weight gradient's factor with the samples as channels (see above)
@@ -287,6 +291,10 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         elif len(uses) > 1:
             grad_sums[out] = contributions
             per_sample("grad:" + out, "gradient", out)
+
+    for layer in graph.layers:  # a sample-blocked layer's grad_input is too: 4 render targets
+        if sample_blocked(layer, graph, max_batch) and (layer.name, 0) in grad_targets:
+            blocked_parts(grad_targets[(layer.name, 0)], "gradient", layer.inputs[0])
 
     for p in graph.params.values():
         layer = next(l for l in graph.layers if p.name in l.params.values())

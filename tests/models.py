@@ -51,8 +51,10 @@ OP_CASES = {
     "dropout_identity": (lambda: nn.Sequential(nn.Linear(45, 31), nn.Dropout(0.5), nn.ReLU(), nn.Identity(),
                                                nn.Linear(31, 7)), (45,)),
     "sigmoid_output": (lambda: nn.Sequential(nn.Linear(45, 9), nn.Sigmoid()), (45,)),
-    # 200x96 weights: past layout.SAMPLE_BLOCK_MIN_MACS, the first forward computes 4 samples a fragment
-    "sample_blocked": (lambda: nn.Sequential(nn.Linear(200, 96), nn.ReLU(), nn.Linear(96, 7)), (200,)),
+    # 200x96 weights: past layout.SAMPLE_BLOCK_MIN_MACS, that layer's forward and grad_input compute 4 samples
+    # a fragment
+    "sample_blocked": (lambda: nn.Sequential(nn.Linear(45, 200), nn.ReLU(), nn.Linear(200, 96), nn.ReLU(),
+                                             nn.Linear(96, 7)), (45,)),
 }
 
 
@@ -166,7 +168,8 @@ CNN_CASES = {
     "conv_depthwise_multiplier": (_seq(nn.Conv2d(3, 6, 3, groups=3, stride=2)), IMG, "mse"),
     "conv_asymmetric_pad": (_seq(nn.ZeroPad2d((1, 0, 2, 1)), nn.Conv2d(3, 5, 3)), IMG, "mse"),
     "conv_relu_fused": (_seq(nn.Conv2d(3, 5, 3), nn.ReLU()), IMG, "mse"),
-    # past layout.SAMPLE_BLOCK_MIN_MACS: both forwards compute 4 samples a fragment (3 and 8 input channels)
+    # past layout.SAMPLE_BLOCK_MIN_MACS: both forwards (3 and 8 input channels) and the second conv's
+    # grad_input compute 4 samples a fragment
     "conv_sample_blocked": (_seq(nn.Conv2d(3, 8, 3, padding=1), nn.Tanh(), nn.Conv2d(8, 8, 3)), IMG, "mse"),
     "conv_tanh_sigmoid_leaky": (_seq(nn.Conv2d(3, 5, 3), nn.Tanh(), nn.Conv2d(5, 4, 3, padding=1), nn.Sigmoid(),
                                      nn.Conv2d(4, 3, 1), nn.LeakyReLU(0.1)), IMG, "mse"),

@@ -44,17 +44,19 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
         return Kernel(title(c, f"{family}_{what}"), f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
                       consts=dict(c, **more))
 
-    fwd_inputs = [plan.tensor(x), w] + ([b] if b else [])
-    fwd_names = ("X", "W") + (("B",) if b else ())
-    if "blk0:" + y in plan.textures:  # sample-blocked (layout.py: SAMPLE_BLOCK_MIN_MACS)
-        parts = [f"blk{t}:{y}" for t in range(4)]
-        forward = [Pass(kernel("forward", fwd_names, ("u_batch",), 4, blocked=True), fwd_inputs, parts, "blocks",
-                        layer.name),
-                   Pass(Kernel("interleave", "interleave.glsl.j2", ("T0", "T1", "T2", "T3"),
-                               consts={"h": plan.textures[parts[0]].sample_rows}),
-                        parts, [plan.tensor(y)], "batch", layer.name)]
-    else:
-        forward = [Pass(kernel("forward", fwd_names, blocked=False), fwd_inputs, [plan.tensor(y)], "batch", layer.name)]
+    def batch_passes(what, names, inputs, output):
+        """The pass drawing `output`'s batch rows, or with blk0..3:output planned (layout.py:
+        sample_blocked), the 4-samples-a-fragment pass into those and the interleave into `output`."""
+        if "blk0:" + output not in plan.textures:
+            return [Pass(kernel(what, names, blocked=False), inputs, [output], "batch", layer.name)]
+        parts = [f"blk{t}:{output}" for t in range(4)]
+        interleave = Kernel("interleave", "interleave.glsl.j2", ("T0", "T1", "T2", "T3"),
+                            consts={"h": plan.textures[parts[0]].sample_rows})
+        return [Pass(kernel(what, names, ("u_batch",), 4, blocked=True), inputs, parts, "blocks", layer.name),
+                Pass(interleave, parts, [output], "batch", layer.name)]
+
+    forward = batch_passes("forward", ("X", "W") + (("B",) if b else ()), [plan.tensor(x), w] + ([b] if b else []),
+                           plan.tensor(y))
     dz, tx = plan.grad(y), plan.tensor(x)
     backward = []
     if c["act"] != "none":
@@ -85,5 +87,5 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))
     target = grad_target(plan, layer, 0)
     if target:
-        backward.append(Pass(kernel("grad_input", ("DZ", "W")), [dz, w], [target], "batch", layer.name))
+        backward += batch_passes("grad_input", ("DZ", "W"), [dz, w], target)
     return forward, backward
