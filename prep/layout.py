@@ -129,7 +129,8 @@ def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
 # fragment in its forward and grad_input where the batch can be 8 or more: each weight texel
 # fetched then serves 4 samples (dense: 8 fetches for 64 multiply-adds instead of 5 for 16). Such
 # a pass writes 4 textures (blk0:T .. blk3:T, samples 4*r + t in row r of blk{t}: render targets
-# are whole textures) and a second pass interleaves those into T (kernels/batch_main.glsl.j2). Below this size that extra pass costs more
+# are whole textures) and a second pass interleaves those into T (kernels/batch_main.glsl.j2). Its
+# weight gradient (dense) computes 4 rows a fragment the same way: each texel of X then serves 4. Below this size that extra pass costs more
 # than the fetches saved.
 SAMPLE_BLOCK_MIN_MACS = 16384
 
@@ -312,6 +313,11 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         for role_name, prefix in (("param", "param:"), ("param_grad", "pgrad:"), ("state", "m:"), ("state", "v:")):
             add(TextureSpec(prefix + p.name, role_name, tuple(p.array.shape), packing, height,
                             double=role_name in ("param", "state")))
+        if role == "weight" and layer.op == "dense" and sample_blocked(layer, graph, max_batch):
+            # its gradient is blocked too: rows 4*r + t of dW in row r of blk{t}
+            part = matrix_packing(height // 4, packing.chans)
+            for t in range(4):
+                add(TextureSpec(f"blk{t}:pgrad:{p.name}", "param_grad", (height // 4, packing.chans), part, height // 4))
 
     labels = matrix_packing(max_batch, 1)
     add(TextureSpec("labels", "labels", (max_batch,), labels, max_batch, 1))

@@ -35,6 +35,13 @@ def mlp_45_31_7():
     return nn.Sequential(nn.Linear(45, 31), nn.ReLU(), nn.Linear(31, 7))
 
 
+def sample_blocked_mlp():
+    """45-200-96-7: the 200->96 layer is past layout.SAMPLE_BLOCK_MIN_MACS, so its forward, grad_input and
+    weight gradient compute 4 samples (rows) a fragment, and its optimizer reads the weight gradient
+    through the interleave."""
+    return nn.Sequential(nn.Linear(45, 200), nn.ReLU(), nn.Linear(200, 96), nn.ReLU(), nn.Linear(96, 7))
+
+
 # name -> (factory, per-sample input shape); every op of the dense pipeline appears here
 OP_CASES = {
     "linear_relu_linear": (mlp_45_31_7, (45,)),
@@ -53,8 +60,7 @@ OP_CASES = {
     "sigmoid_output": (lambda: nn.Sequential(nn.Linear(45, 9), nn.Sigmoid()), (45,)),
     # 200x96 weights: past layout.SAMPLE_BLOCK_MIN_MACS, that layer's forward and grad_input compute 4 samples
     # a fragment
-    "sample_blocked": (lambda: nn.Sequential(nn.Linear(45, 200), nn.ReLU(), nn.Linear(200, 96), nn.ReLU(),
-                                             nn.Linear(96, 7)), (45,)),
+    "sample_blocked": (lambda: sample_blocked_mlp(), (45,)),
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import FWD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_op, check_training, run_model
-from models import CNN_CASES, OP_CASES, SmallCNN, mlp_45_31_7
+from models import CNN_CASES, OP_CASES, SmallCNN, mlp_45_31_7, sample_blocked_mlp
 
 CPU = {"backend": "cpu"}
 
@@ -51,6 +51,12 @@ def test_mlp_trajectory(web, site, opt_name, loss):
     # 50 samples in batches of 16 (the last one partial), 3 epochs = 12 steps
     got = check_training(web, site, mlp_45_31_7, (45,), opt_name, loss, samples=50, batch_size=16, epochs=3,
                          tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=CPU)
+    assert got["info"]["backend"] == "cpu"
+
+
+def test_sample_blocked_mlp_trajectory(web, site):
+    got = check_training(web, site, sample_blocked_mlp, (45,), "adam", "cross_entropy", samples=50, batch_size=14,
+                         epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=CPU)
     assert got["info"]["backend"] == "cpu"
 
 

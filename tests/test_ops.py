@@ -40,7 +40,7 @@ def test_sample_blocked_case_is_blocked_and_small_layers_are_not():
     result = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=64)
     names = {t["name"] for t in result.report["textures"]}
     blocked = sorted(n.split(":", 1)[1].split(":")[0] for n in names if n.startswith("blk0:"))
-    assert blocked == ["act", "grad"], names  # the 200->96 layer's output and its input's gradient
+    assert blocked == ["act", "grad", "pgrad"], names  # the 200->96 layer: output, input gradient, weight gradient
     assert "// texelfit kernel: interleave" in result.files["m.js"]
     small = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=4)
     assert not any(t["name"].startswith("blk") for t in small.report["textures"])  # batches of 4 at most

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import ONE_STEP, OPTIMIZERS, TRAJ_LOSS, TRAJ_W, check_training
-from models import mlp_45_31_7
+from models import mlp_45_31_7, sample_blocked_mlp
 
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_one_step(web, site, opt_name):
@@ -32,3 +32,10 @@ def test_long_trajectory_reads_losses_across_the_ring(web, site):
     # 150 steps: more than two loss-ring readbacks (64 steps each) plus a partial one
     check_training(web, site, mlp_45_31_7, (45,), "adam", "cross_entropy", samples=50, batch_size=1, epochs=3,
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd_momentum_wd", "adam"])
+def test_trajectory_with_a_sample_blocked_layer(web, site, opt_name):
+    # batches of 14 (3 blocks of 4 samples and 2 more), the last of 8 (2 blocks); 2 epochs = 8 steps
+    check_training(web, site, sample_blocked_mlp, (45,), opt_name, "cross_entropy", samples=50, batch_size=14,
+                   epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)

@@ -39,24 +39,28 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
 
     def kernel(what, inputs, uniforms=(), outputs=1, **more):
+        blocked = " blocked" if more.get("blocked") else ""
         if what in generic:
-            return Kernel(f"{family}_{what}", f"{family}_{what}.glsl.j2", inputs, outputs, uniforms)
-        return Kernel(title(c, f"{family}_{what}"), f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
+            return Kernel(f"{family}_{what}{blocked}", f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
+                          consts=more)
+        return Kernel(title(c, f"{family}_{what}") + blocked, f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
                       consts=dict(c, **more))
 
-    def batch_passes(what, names, inputs, output):
-        """The pass drawing `output`'s batch rows, or with blk0..3:output planned (layout.py:
-        sample_blocked), the 4-samples-a-fragment pass into those and the interleave into `output`."""
+    def blockable(what, names, uniforms, inputs, output, rows):
+        """The pass writing `output` (its batch rows, or all of a weight gradient) or, with blk0..3:output
+        planned (layout.py: sample_blocked), the pass computing 4 samples (or 4 rows) a fragment into
+        those and the interleave into `output`."""
         if "blk0:" + output not in plan.textures:
-            return [Pass(kernel(what, names, blocked=False), inputs, [output], "batch", layer.name)]
+            return [Pass(kernel(what, names, uniforms, blocked=False), inputs, [output], rows, layer.name)]
         parts = [f"blk{t}:{output}" for t in range(4)]
         interleave = Kernel("interleave", "interleave.glsl.j2", ("T0", "T1", "T2", "T3"),
-                            consts={"h": plan.textures[parts[0]].sample_rows})
-        return [Pass(kernel(what, names, ("u_batch",), 4, blocked=True), inputs, parts, "blocks", layer.name),
-                Pass(interleave, parts, [output], "batch", layer.name)]
+                            consts={"h": plan.textures[parts[0]].sample_rows or 1})
+        return [Pass(kernel(what, names, tuple(dict.fromkeys(uniforms + ("u_batch",))), 4, blocked=True), inputs,
+                     parts, "blocks" if rows == "batch" else rows, layer.name),
+                Pass(interleave, parts, [output], rows, layer.name)]
 
-    forward = batch_passes("forward", ("X", "W") + (("B",) if b else ()), [plan.tensor(x), w] + ([b] if b else []),
-                           plan.tensor(y))
+    forward = blockable("forward", ("X", "W") + (("B",) if b else ()), (), [plan.tensor(x), w] + ([b] if b else []),
+                        plan.tensor(y), "batch")
     dz, tx = plan.grad(y), plan.tensor(x)
     backward = []
     if c["act"] != "none":
@@ -80,12 +84,12 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
                                 consts={"c4": ceil_div(ch, 4) if w_ > 1 else 0, "h": h, "w": w_, "nb4": spec.packing.c4}),
                          [src], [st], "full", layer.name))
     factors = [st, tx] if family == "dense" else [dz, st]
-    backward.append(Pass(kernel("grad_weight", names, ("u_batch", "u_loss_scale")), factors,
-                         ["pgrad:" + layer.params["weight"]], "full", layer.name))
+    backward += blockable("grad_weight", names, ("u_batch", "u_loss_scale"), factors, "pgrad:" + layer.params["weight"],
+                          "full")
     if b:
         backward.append(Pass(kernel("grad_bias", ("DZ",), ("u_batch", "u_loss_scale")), [dz],
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))
     target = grad_target(plan, layer, 0)
     if target:
-        backward += batch_passes("grad_input", ("DZ", "W"), [dz, w], target)
+        backward += blockable("grad_input", ("DZ", "W"), (), [dz, w], target, "batch")
     return forward, backward
