@@ -42,6 +42,13 @@ def sample_blocked_mlp():
     return nn.Sequential(nn.Linear(45, 200), nn.ReLU(), nn.Linear(200, 96), nn.ReLU(), nn.Linear(96, 7))
 
 
+def blocked_cnn():
+    """On 1x12x12: both convs are past layout.SAMPLE_BLOCK_MIN_MACS (4 samples a fragment in their forward,
+    the second's grad_input), and the second's weight gradient (16 input channels) is row-blocked."""
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(800, 10))
+
+
 # name -> (factory, per-sample input shape); every op of the dense pipeline appears here
 OP_CASES = {
     "linear_relu_linear": (mlp_45_31_7, (45,)),

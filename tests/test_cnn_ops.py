@@ -29,7 +29,7 @@ def test_conv_sample_blocked_case_is_blocked():
     factory, shape, _ = CNN_CASES["conv_sample_blocked"]
     result = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=64)
     blocked = sorted(t["name"] for t in result.report["textures"] if t["name"].startswith("blk0:"))
-    assert [n.split(":")[1] for n in blocked] == ["act", "act", "grad"], blocked  # 2 forwards, 1 grad_input
+    assert [n.split(":")[1] for n in blocked] == ["act", "act", "grad", "pgrad"], blocked  # 2 forwards, 1 grad_input, 1 dW
 
 
 def test_batchnorm_is_folded_into_the_conv(web, site):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_training, run_model
-from models import ResidualCNN, SmallCNN
+from models import ResidualCNN, SmallCNN, blocked_cnn
 
 SHAPE = (1, 12, 12)
 
@@ -32,18 +32,28 @@ def test_residual_cnn_trajectory(web, site, opt_name):
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
 
 
+@pytest.mark.parametrize("opt_name", ["adam", "sgd_momentum_wd"])
+def test_sample_blocked_cnn_trajectory(web, site, opt_name):
+    # batches of 7 (a block of 4 samples and 3 more), the last of 6
+    check_training(web, site, blocked_cnn, SHAPE, opt_name, "cross_entropy", samples=20, batch_size=7, epochs=2,
+                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
+
+
 def wide_mlp():
     return torch.nn.Sequential(torch.nn.Linear(300, 30), torch.nn.ReLU(), torch.nn.Linear(30, 5))
 
 
-@pytest.mark.parametrize("factory,shape", [(small_cnn, SHAPE), (ResidualCNN, SHAPE), (wide_mlp, (300,))],
-                         ids=["small_cnn", "residual_cnn", "wide_mlp"])
-def test_forced_texture_limit_folds_and_changes_nothing(web, site, factory, shape):
-    # maxBatch 8: the 12x12 activations are 8*12 = 96 rows, the MLP's input 75 texels wide: over 64
+@pytest.mark.parametrize("factory,shape,limit", [(small_cnn, SHAPE, 64), (ResidualCNN, SHAPE, 64),
+                                                 (wide_mlp, (300,), 64), (blocked_cnn, SHAPE, 80)],
+                         ids=["small_cnn", "residual_cnn", "wide_mlp", "blocked_cnn"])
+def test_forced_texture_limit_folds_and_changes_nothing(web, site, factory, shape, limit):
+    # maxBatch 8: the 12x12 activations are 8*12 = 96 rows, the MLP's input 75 texels wide: over the limit
+    # (blocked_cnn's 16-channel activation, 48x96 texels, needs more than 64x64)
     kw = dict(samples=21, batch_size=8, epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, max_batch=8)
     plain = check_training(web, site, factory, shape, "adam", "cross_entropy", **kw)
-    folded = check_training(web, site, factory, shape, "adam", "cross_entropy", options={"maxTextureSize": 64}, **kw)
-    assert folded["info"]["maxTextureSize"] == 64 and plain["info"]["maxTextureSize"] > 64
+    folded = check_training(web, site, factory, shape, "adam", "cross_entropy", options={"maxTextureSize": limit},
+                            **kw)
+    assert folded["info"]["maxTextureSize"] == limit and plain["info"]["maxTextureSize"] > limit
     assert folded["folded"] > 0, "nothing was folded: the test would not test folding"
     assert_close("losses folded vs not", folded["loss"], plain["loss"], atol=1e-6, rtol=1e-6)
     for name in plain["weights"]:
@@ -52,5 +62,5 @@ def test_forced_texture_limit_folds_and_changes_nothing(web, site, factory, shap
     x = torch.randn((8,) + shape)
     url = build_module(site, "folded_predict", factory(), shape, max_batch=8)
     preds = [run_model(web, url, "return Array.from(await m.predict(new Float32Array(args), 8));",
-                       x.reshape(-1).tolist(), opts) for opts in ({}, {"maxTextureSize": 64})]
+                       x.reshape(-1).tolist(), opts) for opts in ({}, {"maxTextureSize": limit})]
     np.testing.assert_array_equal(preds[0], preds[1])
