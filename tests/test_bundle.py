@@ -84,7 +84,7 @@ def test_shader_compile_error_names_the_kernel_and_shows_numbered_source(web, si
     factory, shape = OP_CASES["linear_relu_linear"]
     files = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape).files
     js = files["m.js"]
-    broken = js.replace("return activate(acc0) * validLanes(o4);", "return activate(acc0) * validLanes(o4) + oops;", 1)
+    broken = js.replace("out0 = activate(acc0) * validLanes(o4);", "out0 = activate(acc0) * validLanes(o4) + oops;", 1)
     assert broken != js
     url = site.add_files("broken", {"m.js": broken}) + "/m.js"
     msg = web.evaluate("""async (url) => {
@@ -93,7 +93,7 @@ def test_shader_compile_error_names_the_kernel_and_shows_numbered_source(web, si
     }""", url)
     assert msg and msg.startswith("shader-compile|"), msg
     assert 'kernel "dense_forward 45->31 relu" failed to compile' in msg
-    assert re.search(r">>\s+\d+\| +return activate\(acc0\) \* validLanes\(o4\) \+ oops;", msg), msg
+    assert re.search(r">>\s+\d+\| +out0 = activate\(acc0\) \* validLanes\(o4\) \+ oops;", msg), msg
 
 
 def test_shipped_runtime_is_compact():
