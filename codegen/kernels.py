@@ -29,6 +29,7 @@ UNIFORM_TYPES = {
     "u_momentum": "float", "u_dampening": "float", "u_nesterov": "float", "u_first": "float",
     "u_wd": "float", "u_decoupled": "float",
     "u_beta1": "float", "u_beta2": "float", "u_eps": "float", "u_step_size": "float", "u_bc2_sqrt": "float",
+    "u_rows": "int",           # set by the pass (Pass.values): rows a sample of a blocked output (interleave)
 }
 
 
@@ -55,6 +56,9 @@ class Pass:
     outputs: list[str]
     rows: str  # "batch" | "blocks" | "full" | "ring"
     label: str  # the IR layer (or loss, or parameter) it belongs to
+    # uniforms the pass sets itself: a constant that differs between passes of one program (a
+    # constant in the source would make one program per value; each costs a compile)
+    values: dict = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=1)

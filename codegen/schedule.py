@@ -90,7 +90,7 @@ def serialize(schedule: Schedule) -> tuple[list[dict], dict]:
 
     def passes(ps: list[Pass]) -> list[dict]:
         return [{"kernel": kernel_ref(p.kernel), "inputs": p.inputs, "outputs": p.outputs, "rows": p.rows,
-                 "label": p.label} for p in ps]
+                 "label": p.label, **({"values": p.values} if p.values else {})} for p in ps]
 
     data = {
         "forward": passes(schedule.forward),

@@ -53,11 +53,11 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
         if "blk0:" + output not in plan.textures:
             return [Pass(kernel(what, names, uniforms, blocked=False), inputs, [output], rows, layer.name)]
         parts = [f"blk{t}:{output}" for t in range(4)]
-        interleave = Kernel("interleave", "interleave.glsl.j2", ("T0", "T1", "T2", "T3"),
-                            consts={"h": plan.textures[parts[0]].sample_rows or 1})
+        interleave = Kernel("interleave", "interleave.glsl.j2", ("T0", "T1", "T2", "T3"), uniforms=("u_rows",))
         return [Pass(kernel(what, names, tuple(dict.fromkeys(uniforms + ("u_batch",))), 4, blocked=True), inputs,
                      parts, "blocks" if rows == "batch" else rows, layer.name),
-                Pass(interleave, parts, [output], rows, layer.name)]
+                Pass(interleave, parts, [output], rows, layer.name,
+                     {"u_rows": plan.textures[parts[0]].sample_rows or 1})]
 
     forward = blockable("forward", ("X", "W") + (("B",) if b else ()), (), [plan.tensor(x), w] + ([b] if b else []),
                         plan.tensor(y), "batch")

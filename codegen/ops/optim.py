@@ -29,4 +29,4 @@ def optimizer_pass(opt, name, grad: Pass):
     consts = dict(g.consts, gradient=g.template.removesuffix(".glsl.j2"))
     k = Kernel(f"{opt} {g.name}", f"{opt}.glsl.j2", g.inputs + ("P", "M", "V")[: len(state)], outputs=len(state),
                uniforms=g.uniforms + (_SGD_UNIFORMS if opt == "sgd" else _ADAM_UNIFORMS), consts=consts)
-    return [Pass(k, grad.inputs + state, state, "full", name)], state
+    return [Pass(k, grad.inputs + state, state, "full", name, grad.values)], state
