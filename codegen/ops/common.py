@@ -33,7 +33,8 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
     the kernel constants `c` and `title(c, what)` naming each kernel. The kernels in `generic`
     (e.g. "grad_bias") depend on no constant of the layer: they get none and a plain name, so
     one program serves every layer (programs are shared by source, codegen/schedule.py), which
-    saves a shader compile per layer at the first step."""
+    saves a shader compile per layer at the first step. Passes of a sample-blocked layer come in
+    pairs, the blocked pass and an interleave (blockable below)."""
     x, y = layer.inputs[0], layer.outputs[0]
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None

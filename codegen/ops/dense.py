@@ -7,6 +7,10 @@ backward       activation_grad    DY, Y          -> DZ       rows: batch   (only
                dense_grad_weight  DZT, X         -> dW       rows: full
                dense_grad_bias    DZ             -> db       rows: full
                dense_grad_input   DZ, W          -> dX       rows: batch   (when X needs a gradient)
+A sample-blocked layer (layout.py: sample_blocked) runs forward and grad_input as dense_*
+blocked (4 samples a fragment, rows: blocks, into blk0..3:T) + interleave (-> T), and its weight
+gradient as 4 rows a fragment + interleave (-> dW). In a training step the pass writing dW or db
+is left out: the optimizer pass includes its kernel (ops/optim.py).
 """
 from __future__ import annotations
 
