@@ -131,8 +131,8 @@ def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
 # a pass writes 4 textures (blk0:T .. blk3:T, samples 4*r + t in row r of blk{t}: render targets
 # are whole textures) and a second pass interleaves those into T (kernels/batch_main.glsl.j2). Its
 # weight gradient computes 4 rows a fragment the same way (a dense one, and a conv one with input
-# channels a multiple of 4): each texel of X (dense) or dZ (conv) fetched then serves 4 rows. Below this size that extra pass costs more
-# than the fetches saved.
+# channels a multiple of 4): each texel of X (dense) or dZ (conv) fetched then serves 4 rows.
+# Below this size the extra pass costs more than the fetches saved.
 SAMPLE_BLOCK_MIN_MACS = 16384
 
 
@@ -314,7 +314,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         for role_name, prefix in (("param", "param:"), ("param_grad", "pgrad:"), ("state", "m:"), ("state", "v:")):
             add(TextureSpec(prefix + p.name, role_name, tuple(p.array.shape), packing, height,
                             double=role_name in ("param", "state")))
-        if role == "weight" and sample_blocked(layer, graph, max_batch) and height % 4 == 0 and \
+        if role == "weight" and sample_blocked(layer, graph, max_batch) and \
                 (layer.op == "dense" or p.array.shape[1] % 4 == 0):
             # its gradient is blocked too: rows 4*r + t of dW in row r of blk{t} (for a conv, 4 rows of one
             # kernel row kh: kh * ICg + j with ICg a multiple of 4)
