@@ -59,6 +59,9 @@ class Pass:
     # uniforms the pass sets itself: a constant that differs between passes of one program (a
     # constant in the source would make one program per value; each costs a compile)
     values: dict = field(default_factory=dict)
+    # the batch sizes it runs at, [lo, hi) (hi None: up to the maximum), where a blocked twin and a
+    # one-sample pass share the work (ops/common.py: blockable); None: every batch
+    batches: tuple[int, int | None] | None = None
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,7 +14,9 @@ outputs (textures, one per render target), rows}. `rows` says what part of the
 output is drawn: "batch" (the rows of the first u_batch samples), "blocks" (of the first
 ceil(u_batch / 4): a sample-blocked forward or grad_input, layout.py), "full" (the whole texture) or
 "ring" (one texel of the loss ring). Double-buffered textures are read from
-their current buffer and written to the other one.
+their current buffer and written to the other one. A pass with `batches` [lo, hi) runs only at
+those batch sizes (hi null: any above lo): a sample-blocked layer's passes and their one-sample
+twins (ops/common.py: blockable), each with its optimizer passes.
 """
 from __future__ import annotations
 
@@ -60,14 +62,20 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
             continue  # class logits only
         s.loss[loss] = ops.loss_passes(loss, out_spec, plan.grad_targets[("<loss>", 0)])
 
-    grad_pass = {p.outputs[0]: p for p in s.backward if p.outputs[0].startswith("pgrad:")}
-    s.train_backward = [i for i, p in enumerate(s.backward) if p.outputs[0] not in grad_pass]
+    # the passes writing each parameter's gradient: one, or a one-sample pass and a blocked twin's
+    # interleave, each for its batch sizes
+    grad_passes: dict[str, list[Pass]] = {}
+    for p in s.backward:
+        if p.outputs[0].startswith("pgrad:"):
+            grad_passes.setdefault(p.outputs[0], []).append(p)
+    s.train_backward = [i for i, p in enumerate(s.backward) if p.outputs[0] not in grad_passes]
     for opt in ops.OPTIMIZERS:
         s.optimizer[opt] = []
         s.swaps[opt] = []
         for p in graph.params.values():
-            passes, swaps = ops.optimizer_pass(opt, p.name, grad_pass["pgrad:" + p.name])
-            s.optimizer[opt] += passes
+            for grad in grad_passes["pgrad:" + p.name]:
+                passes, swaps = ops.optimizer_pass(opt, p.name, grad)
+                s.optimizer[opt] += passes
             s.swaps[opt] += swaps
     return s
 
@@ -90,7 +98,8 @@ def serialize(schedule: Schedule) -> tuple[list[dict], dict]:
 
     def passes(ps: list[Pass]) -> list[dict]:
         return [{"kernel": kernel_ref(p.kernel), "inputs": p.inputs, "outputs": p.outputs, "rows": p.rows,
-                 "label": p.label, **({"values": p.values} if p.values else {})} for p in ps]
+                 "label": p.label, **({"values": p.values} if p.values else {}),
+                 **({"batches": list(p.batches)} if p.batches else {})} for p in ps]
 
     data = {
         "forward": passes(schedule.forward),

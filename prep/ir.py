@@ -83,6 +83,15 @@ class Graph:
     def parameter_count(self) -> int:
         return int(sum(p.array.size for p in self.params.values()))
 
+    def macs(self, layer: Layer) -> int:
+        """Multiply-adds of one sample through a dense or conv layer (each weight once per output
+        position); 0 for the layers without a weight."""
+        if layer.op not in ("dense", "conv"):
+            return 0
+        out = self.shapes[layer.outputs[0]]
+        spatial = int(np.prod(out[1:])) if len(out) == 3 else 1
+        return int(self.params[layer.params["weight"]].array.size) * spatial
+
     def needs_grad(self) -> set[str]:
         """Tensors whose gradient the backward pass must compute: those that depend on a weight."""
         out: set[str] = set()

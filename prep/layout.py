@@ -132,17 +132,17 @@ def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
 # are whole textures) and a second pass interleaves those into T (kernels/batch_main.glsl.j2). Its
 # weight gradient computes 4 rows a fragment the same way (a dense one, and a conv one with input
 # channels a multiple of 4): each texel of X (dense) or dZ (conv) fetched then serves 4 rows.
-# Below this size the extra pass costs more than the fetches saved.
+# Below this size the extra pass costs more than the fetches saved. The blocked passes run at
+# batches of at least BLOCK_MIN_BATCH; smaller batches run the layer's one-sample passes (at batch
+# 1 a blocked pass would fetch the one sample 4 times and the interleave would be a pass more).
 SAMPLE_BLOCK_MIN_MACS = 16384
+BLOCK_MIN_BATCH = 8
 
 
 def sample_blocked(layer, graph: Graph, max_batch: int) -> bool:
-    if layer.op not in ("dense", "conv") or max_batch < 8 or layer.attrs.get("groups", 1) != 1:
+    if layer.op not in ("dense", "conv") or max_batch < BLOCK_MIN_BATCH or layer.attrs.get("groups", 1) != 1:
         return False
-    weight = graph.params[layer.params["weight"]].array
-    out = graph.shapes[layer.outputs[0]]
-    spatial = int(np.prod(out[1:])) if len(out) == 3 else 1
-    return weight.size * spatial >= SAMPLE_BLOCK_MIN_MACS
+    return graph.macs(layer) >= SAMPLE_BLOCK_MIN_MACS
 
 
 def _source_index(p: Packing) -> np.ndarray:

@@ -70,6 +70,12 @@ OP_CASES = {
     "sample_blocked": (lambda: sample_blocked_mlp(), (45,)),
 }
 
+# The cases with sample-blocked layers: those run their blocked passes at batches of 8 or more
+# (layout.BLOCK_MIN_BATCH) and their one-sample twins below, so the op tests run them at a batch of
+# both kinds (BLOCKED_BATCH: 2 blocks of 4 samples and 2 more).
+BLOCKED_CASES = ("sample_blocked", "conv_sample_blocked")
+BLOCKED_BATCH = 10
+
 
 # ---- convolutional networks ----------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Every op of convolutional networks, forward and gradient, against PyTorch autograd.
 
 Odd shapes: 3 and 5 channels, 13x11 images, stride 2, padding 1, (0, 2) and asymmetric, dilation 2,
-groups 1, 2 and depthwise, ceil_mode both ways, batch 7 (a group of 4 samples and 3 more);
+groups 1, 2 and depthwise, ceil_mode both ways, batch 7 (a group of 4 samples and 3 more; the
+sample-blocked case at models.BLOCKED_BATCH, where its blocked passes run);
 driven from models.CNN_CASES through the one `check_op` helper. Tolerances as in test_ops.py:
   forward    atol 2e-5 + rtol 2e-4 * |ref|
   gradients  atol 2e-6 + rtol 2e-4 * |ref|
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from helpers import FWD, assert_close, build_module, check_op, run_model
-from models import CNN_CASES, BatchNormNet
+from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, BatchNormNet
 from texelfit.build import compile_onnx
 from texelfit.prep.load import export_simplified
 
@@ -22,7 +23,8 @@ from texelfit.prep.load import export_simplified
 @pytest.mark.parametrize("case", sorted(CNN_CASES))
 def test_forward_and_gradients(web, site, case):
     factory, shape, loss = CNN_CASES[case]
-    check_op(web, site, case, factory, shape, loss, batch=7, seed=zlib.crc32(case.encode()) % 1000)
+    batch = BLOCKED_BATCH if case in BLOCKED_CASES else 7
+    check_op(web, site, case, factory, shape, loss, batch=batch, seed=zlib.crc32(case.encode()) % 1000)
 
 
 def test_conv_sample_blocked_case_is_blocked():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import FWD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_op, check_training, run_model
-from models import CNN_CASES, OP_CASES, SmallCNN, mlp_45_31_7, sample_blocked_mlp
+from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, OP_CASES, SmallCNN, mlp_45_31_7, sample_blocked_mlp
 
 CPU = {"backend": "cpu"}
 
@@ -40,7 +40,8 @@ def test_op_mse(web, site, case):
 @pytest.mark.parametrize("case", sorted(CNN_CASES))
 def test_cnn_op(web, site, case):
     factory, shape, loss = CNN_CASES[case]
-    check_op(web, site, case, factory, shape, loss, batch=3, seed=_seed(case), options=CPU)
+    batch = BLOCKED_BATCH if case in BLOCKED_CASES else 3  # (the blocked passes run from 8 samples on)
+    check_op(web, site, case, factory, shape, loss, batch=batch, seed=_seed(case), options=CPU)
 
 
 # ---- training trajectories -----------------------------------------------------------------------
@@ -55,7 +56,8 @@ def test_mlp_trajectory(web, site, opt_name, loss):
 
 
 def test_sample_blocked_mlp_trajectory(web, site):
-    got = check_training(web, site, sample_blocked_mlp, (45,), "adam", "cross_entropy", samples=50, batch_size=14,
+    # batches of 14 run the blocked passes, the last of 5 the one-sample twins
+    got = check_training(web, site, sample_blocked_mlp, (45,), "adam", "cross_entropy", samples=47, batch_size=14,
                          epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=CPU)
     assert got["info"]["backend"] == "cpu"
 

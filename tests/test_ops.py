@@ -13,8 +13,8 @@ import zlib
 
 import pytest
 
-from helpers import check_op
-from models import OP_CASES
+from helpers import build_module, check_op, run_model
+from models import BLOCKED_CASES, CNN_CASES, OP_CASES
 from texelfit.build import compile_onnx
 from texelfit.prep.load import export_simplified
 
@@ -31,6 +31,30 @@ def test_forward_and_gradients_cross_entropy(web, site, case):
 def test_forward_and_gradients_mse(web, site, case):
     factory, shape = OP_CASES[case]
     check_op(web, site, case, factory, shape, "mse", batch=BATCH, seed=zlib.crc32(case.encode()) % 1000)
+
+
+@pytest.mark.parametrize("case", BLOCKED_CASES)
+def test_blocked_layers_run_their_one_sample_twins_at_small_batches(web, site, case):
+    """Below 8 samples a sample-blocked layer runs its one-sample passes (no interleave), from 8 on
+    its blocked passes: both match PyTorch (the blocked ones in the op tests at BATCH), and each
+    batch size draws the passes of one kind."""
+    factory, shape = {**{k: v[:2] for k, v in CNN_CASES.items()}, **OP_CASES}[case]
+    loss = CNN_CASES[case][2] if case in CNN_CASES else "cross_entropy"
+    check_op(web, site, case, factory, shape, loss, batch=3, seed=zlib.crc32(case.encode()) % 1000)
+    url = build_module(site, f"draws_{case}", factory(), shape)
+    draws = run_model(web, url, """
+        const gl = WebGL2RenderingContext.prototype, draw = gl.drawArrays;
+        let n = 0;
+        gl.drawArrays = function (...a) { n++; return draw.apply(this, a); };
+        const size = m.info.inputShape.reduce((a, b) => a * b, 1);
+        const count = async (b) => { n = 0; await m.predict(new Float32Array(b * size), b); return n; };
+        const out = { 1: await count(1), 7: await count(7), 8: await count(8), 10: await count(10), 3: await count(3) };
+        gl.drawArrays = draw;
+        return out;
+    """)
+    blocked_layers = 1 if case == "sample_blocked" else 2  # forwards with blk textures (the *_is_blocked tests)
+    assert draws["1"] == draws["7"] == draws["3"], draws
+    assert draws["8"] == draws["10"] == draws["1"] + blocked_layers, draws  # each adds its interleave
 
 
 def test_sample_blocked_case_is_blocked_and_small_layers_are_not():

@@ -1,7 +1,7 @@
 """Constants and helpers shared by the op families."""
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
+from texelfit.prep.layout import BLOCK_MIN_BATCH, ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
 
 from ..kernels import Kernel, Pass, glsl_float
 
@@ -33,8 +33,8 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
     the kernel constants `c` and `title(c, what)` naming each kernel. The kernels in `generic`
     (e.g. "grad_bias") depend on no constant of the layer: they get none and a plain name, so
     one program serves every layer (programs are shared by source, codegen/schedule.py), which
-    saves a shader compile per layer at the first step. Passes of a sample-blocked layer come in
-    pairs, the blocked pass and an interleave (blockable below)."""
+    saves a shader compile per layer at the first step. A sample-blocked layer's passes have a
+    blocked twin for larger batches (blockable below)."""
     x, y = layer.inputs[0], layer.outputs[0]
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
@@ -48,17 +48,23 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
                       consts=dict(c, **more))
 
     def blockable(what, names, uniforms, inputs, output, rows):
-        """The pass writing `output` (its batch rows, or all of a weight gradient) or, with blk0..3:output
-        planned (layout.py: sample_blocked), the pass computing 4 samples (or 4 rows) a fragment into
-        those and the interleave into `output`."""
+        """The pass writing `output` (its batch rows, or all of a weight gradient). With blk0..3:output
+        planned (layout.py: sample_blocked) also its blocked twin: the pass computing 4 samples (or 4
+        rows) a fragment into those, and the interleave into `output`. The twin runs at batches of
+        BLOCK_MIN_BATCH or more, the one-sample pass below (Pass.batches): at batch 1 the twin would
+        fetch the one sample 4 times and add a pass."""
+        plain = Pass(kernel(what, names, uniforms, blocked=False), inputs, [output], rows, layer.name)
         if "blk0:" + output not in plan.textures:
-            return [Pass(kernel(what, names, uniforms, blocked=False), inputs, [output], rows, layer.name)]
+            return [plain]
+        plain.batches = (1, BLOCK_MIN_BATCH)
         parts = [f"blk{t}:{output}" for t in range(4)]
         interleave = Kernel("interleave", "interleave.glsl.j2", ("T0", "T1", "T2", "T3"), uniforms=("u_rows",))
-        return [Pass(kernel(what, names, tuple(dict.fromkeys(uniforms + ("u_batch",))), 4, blocked=True), inputs,
-                     parts, "blocks" if rows == "batch" else rows, layer.name),
+        big = (BLOCK_MIN_BATCH, None)
+        return [plain,
+                Pass(kernel(what, names, tuple(dict.fromkeys(uniforms + ("u_batch",))), 4, blocked=True), inputs,
+                     parts, "blocks" if rows == "batch" else rows, layer.name, batches=big),
                 Pass(interleave, parts, [output], rows, layer.name,
-                     {"u_rows": plan.textures[parts[0]].sample_rows or 1})]
+                     {"u_rows": plan.textures[parts[0]].sample_rows or 1}, batches=big)]
 
     forward = blockable("forward", ("X", "W") + (("B",) if b else ()), (), [plan.tensor(x), w] + ([b] if b else []),
                         plan.tensor(y), "batch")
