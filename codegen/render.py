@@ -56,6 +56,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "maxBatch": max_batch,
         "defaultLoss": default_loss,
         "parameters": graph.parameter_count(),
+        "forwardMacs": sum(graph.macs(layer) for layer in graph.layers),  # per sample (predict reads by it)
         "lossRing": LOSS_RING,
         "textures": {
             "input": plan.tensor(graph.input),
