@@ -59,9 +59,10 @@ class Pass:
     # uniforms the pass sets itself: a constant that differs between passes of one program (a
     # constant in the source would make one program per value; each costs a compile)
     values: dict = field(default_factory=dict)
-    # the batch sizes it runs at, [lo, hi) (hi None: up to the maximum), where a blocked twin and a
-    # one-sample pass share the work (ops/common.py: blockable); None: every batch
-    batches: tuple[int, int | None] | None = None
+    # which twin of a sample-blocked layer's pass it is (ops/common.py: blockable): True, the blocked
+    # one, runs at batches of layout.BLOCK_MIN_BATCH or more on a device drawing layout.SAMPLE_BLOCK
+    # targets at once; False, the one-sample one, runs otherwise; None: the pass always runs
+    blocked: bool | None = None
 
 
 @functools.lru_cache(maxsize=1)

@@ -11,7 +11,7 @@ import json
 import numpy as np
 
 from texelfit.prep.ir import Graph
-from texelfit.prep.layout import LOSS_RING, LayoutPlan
+from texelfit.prep.layout import BLOCK_MIN_BATCH, LOSS_RING, SAMPLE_BLOCK, LayoutPlan
 from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
@@ -57,6 +57,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "defaultLoss": default_loss,
         "parameters": graph.parameter_count(),
         "forwardMacs": sum(graph.macs(layer) for layer in graph.layers),  # per sample (predict reads by it)
+        # sample-blocked passes (ops/common.py: blockable): samples a fragment, and the batch they run from
+        "sampleBlock": SAMPLE_BLOCK,
+        "blockMinBatch": BLOCK_MIN_BATCH,
         "lossRing": LOSS_RING,
         "textures": {
             "input": plan.tensor(graph.input),

@@ -14,9 +14,10 @@ outputs (textures, one per render target), rows}. `rows` says what part of the
 output is drawn: "batch" (the rows of the first u_batch samples), "blocks" (of the first
 ceil(u_batch / 4): a sample-blocked forward or grad_input, layout.py), "full" (the whole texture) or
 "ring" (one texel of the loss ring). Double-buffered textures are read from
-their current buffer and written to the other one. A pass with `batches` [lo, hi) runs only at
-those batch sizes (hi null: any above lo): a sample-blocked layer's passes and their one-sample
-twins (ops/common.py: blockable), each with its optimizer passes.
+their current buffer and written to the other one. A pass with `blocked` is one of the twins of
+a sample-blocked layer's pass (ops/common.py: blockable; each with its optimizer passes): the
+blocked one (true) runs at batches of at least MODEL.blockMinBatch where the device draws
+MODEL.sampleBlock targets at once, the one-sample one (false) otherwise.
 """
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def serialize(schedule: Schedule) -> tuple[list[dict], dict]:
     def passes(ps: list[Pass]) -> list[dict]:
         return [{"kernel": kernel_ref(p.kernel), "inputs": p.inputs, "outputs": p.outputs, "rows": p.rows,
                  "label": p.label, **({"values": p.values} if p.values else {}),
-                 **({"batches": list(p.batches)} if p.batches else {})} for p in ps]
+                 **({"blocked": p.blocked} if p.blocked is not None else {})} for p in ps]
 
     data = {
         "forward": passes(schedule.forward),

@@ -21,7 +21,7 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
   loss ring                     1               1               4 * RING     (loss of step s in texel s % RING, .x)
   samples last (dzt:, xt:)      c * H + h       w               n            (4 samples of one (c, h, w);
                                                                              a dense output is (F, 1, 1))
-  sample-blocked part (blk{t}:T) (n // 4) * H + h w              c            (the samples n = 4*r + t of T, an
+  sample-blocked part (blk{t}:T) (n // 8) * H + h w              c            (the samples n = 8*r + t of T, an
                                                                              activation or gradient, see
                                                                              SAMPLE_BLOCK_MIN_MACS)
 
@@ -125,17 +125,22 @@ def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
     return Packing(kh * icg, icg, kw, oc, kw, kh * kw, 1, icg * kh * kw)
 
 
-# A dense or conv layer with at least this many multiply-adds per sample computes 4 samples a
-# fragment in its forward and grad_input where the batch can be 8 or more: each weight texel
-# fetched then serves 4 samples (dense: 8 fetches for 64 multiply-adds instead of 5 for 16). Such
-# a pass writes 4 textures (blk0:T .. blk3:T, samples 4*r + t in row r of blk{t}: render targets
-# are whole textures) and a second pass interleaves those into T (kernels/batch_main.glsl.j2). Its
-# weight gradient computes 4 rows a fragment the same way (a dense one, and a conv one with input
-# channels a multiple of 4): each texel of X (dense) or dZ (conv) fetched then serves 4 rows.
-# Below this size the extra pass costs more than the fetches saved. The blocked passes run at
-# batches of at least BLOCK_MIN_BATCH; smaller batches run the layer's one-sample passes (at batch
-# 1 a blocked pass would fetch the one sample 4 times and the interleave would be a pass more).
+# A dense or conv layer with at least this many multiply-adds per sample computes SAMPLE_BLOCK (8)
+# samples a fragment in its forward and grad_input where the batch can be 8 or more: each weight
+# texel fetched then serves 8 samples (dense: 12 fetches for 128 multiply-adds instead of 5 for
+# 16). Such a pass writes 8 textures (blk0:T .. blk7:T, samples 8*r + t in row r of blk{t}: render
+# targets are whole textures) and a second pass interleaves those into T (kernels/batch_main.glsl.j2).
+# Its weight gradient computes 8 rows a fragment the same way (a dense one with outputs padded to
+# a multiple of 8, a conv one with input channels a multiple of 8): each texel of X (dense) or dZ
+# (conv) fetched then serves 8 rows. Below this size the extra pass costs more than the fetches
+# saved. The blocked passes run at batches of at least BLOCK_MIN_BATCH, on devices that draw into
+# SAMPLE_BLOCK targets at once (WebGL2 promises 4; SwiftShader and desktop GPUs have 8); elsewhere
+# the layer's one-sample passes run (at batch 1 a blocked pass would fetch the one sample 8 times
+# and the interleave would be a pass more). On SwiftShader a fragment computing 8 samples takes
+# 1.16 times as long as one computing 4: the fetches of the weights and the per-fragment work
+# dominate, so 8 halves the fragments for little more each.
 SAMPLE_BLOCK_MIN_MACS = 16384
+SAMPLE_BLOCK = 8
 BLOCK_MIN_BATCH = 8
 
 
@@ -233,9 +238,9 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
 
     def blocked_parts(name, role, tensor):
         shape = graph.shapes[tensor]
-        p = activation_packing(shape, ceil_div(max_batch, 4))
-        for t in range(4):
-            add(TextureSpec(f"blk{t}:{name}", role, (ceil_div(max_batch, 4),) + shape, p, p.rows, p.r2))
+        p = activation_packing(shape, ceil_div(max_batch, SAMPLE_BLOCK))
+        for t in range(SAMPLE_BLOCK):
+            add(TextureSpec(f"blk{t}:{name}", role, (ceil_div(max_batch, SAMPLE_BLOCK),) + shape, p, p.rows, p.r2))
 
     def samples_last(name, role, tensor, rows_of=1):
         shape = graph.shapes[tensor]
@@ -254,7 +259,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         per_sample("act:" + out, "activation", out)
         if layer.op == "maxpool":  # where each maximum came from, for the backward
             per_sample("argmax:" + out, "argmax", out)
-        if sample_blocked(layer, graph, max_batch):  # 4 samples a fragment: its forward's 4 render targets
+        if sample_blocked(layer, graph, max_batch):  # 8 samples a fragment: its forward's 8 render targets
             blocked_parts("act:" + out, "activation", out)
         if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
             per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
@@ -294,7 +299,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             grad_sums[out] = contributions
             per_sample("grad:" + out, "gradient", out)
 
-    for layer in graph.layers:  # a sample-blocked layer's grad_input is too: 4 render targets
+    for layer in graph.layers:  # a sample-blocked layer's grad_input is too: 8 render targets
         if sample_blocked(layer, graph, max_batch) and (layer.name, 0) in grad_targets:
             blocked_parts(grad_targets[(layer.name, 0)], "gradient", layer.inputs[0])
 
@@ -315,12 +320,13 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             add(TextureSpec(prefix + p.name, role_name, tuple(p.array.shape), packing, height,
                             double=role_name in ("param", "state")))
         if role == "weight" and sample_blocked(layer, graph, max_batch) and \
-                (layer.op == "dense" or p.array.shape[1] % 4 == 0):
-            # its gradient is blocked too: rows 4*r + t of dW in row r of blk{t} (for a conv, 4 rows of one
-            # kernel row kh: kh * ICg + j with ICg a multiple of 4)
-            part = Packing(height // 4, 1, packing.blocks, packing.chans, 0, 0, 0, 0)  # sizes only: never packed
-            for t in range(4):
-                add(TextureSpec(f"blk{t}:pgrad:{p.name}", "param_grad", (height // 4, packing.chans), part, height // 4))
+                (height if layer.op == "dense" else p.array.shape[1]) % SAMPLE_BLOCK == 0:
+            # its gradient is blocked too: rows 8*r + t of dW in row r of blk{t} (for a conv, 8 rows of one
+            # kernel row kh: kh * ICg + j with ICg a multiple of 8)
+            rows = height // SAMPLE_BLOCK
+            part = Packing(rows, 1, packing.blocks, packing.chans, 0, 0, 0, 0)  # sizes only: never packed
+            for t in range(SAMPLE_BLOCK):
+                add(TextureSpec(f"blk{t}:pgrad:{p.name}", "param_grad", (rows, packing.chans), part, rows))
 
     labels = matrix_packing(max_batch, 1)
     add(TextureSpec("labels", "labels", (max_batch,), labels, max_batch, 1))

@@ -33,6 +33,20 @@ def test_forward_and_gradients_mse(web, site, case):
     check_op(web, site, case, factory, shape, "mse", batch=BATCH, seed=zlib.crc32(case.encode()) % 1000)
 
 
+def predict_draws(web, url, batches, options=None) -> dict[str, int]:
+    """The draws of one predict at each batch size, keyed by it."""
+    return run_model(web, url, """
+        const gl = WebGL2RenderingContext.prototype, draw = gl.drawArrays;
+        let n = 0;
+        gl.drawArrays = function (...a) { n++; return draw.apply(this, a); };
+        const size = m.info.inputShape.reduce((a, b) => a * b, 1);
+        const out = {};
+        for (const b of args.batches) { n = 0; await m.predict(new Float32Array(b * size), b); out[b] = n; }
+        gl.drawArrays = draw;
+        return out;
+    """, {"batches": batches}, options)
+
+
 @pytest.mark.parametrize("case", BLOCKED_CASES)
 def test_blocked_layers_run_their_one_sample_twins_at_small_batches(web, site, case):
     """Below 8 samples a sample-blocked layer runs its one-sample passes (no interleave), from 8 on
@@ -42,19 +56,23 @@ def test_blocked_layers_run_their_one_sample_twins_at_small_batches(web, site, c
     loss = CNN_CASES[case][2] if case in CNN_CASES else "cross_entropy"
     check_op(web, site, case, factory, shape, loss, batch=3, seed=zlib.crc32(case.encode()) % 1000)
     url = build_module(site, f"draws_{case}", factory(), shape)
-    draws = run_model(web, url, """
-        const gl = WebGL2RenderingContext.prototype, draw = gl.drawArrays;
-        let n = 0;
-        gl.drawArrays = function (...a) { n++; return draw.apply(this, a); };
-        const size = m.info.inputShape.reduce((a, b) => a * b, 1);
-        const count = async (b) => { n = 0; await m.predict(new Float32Array(b * size), b); return n; };
-        const out = { 1: await count(1), 7: await count(7), 8: await count(8), 10: await count(10), 3: await count(3) };
-        gl.drawArrays = draw;
-        return out;
-    """)
+    draws = predict_draws(web, url, [1, 7, 8, 10, 3])
     blocked_layers = 1 if case == "sample_blocked" else 2  # forwards with blk textures (the *_is_blocked tests)
     assert draws["1"] == draws["7"] == draws["3"], draws
     assert draws["8"] == draws["10"] == draws["1"] + blocked_layers, draws  # each adds its interleave
+
+
+@pytest.mark.parametrize("case", BLOCKED_CASES)
+def test_without_8_draw_buffers_blocked_layers_run_one_sample_passes(web, site, case):
+    """WebGL2 promises 4 render targets; the blocked passes write 8. With fewer (forced here), the
+    one-sample passes run at every batch size, and match PyTorch."""
+    factory, shape = {**{k: v[:2] for k, v in CNN_CASES.items()}, **OP_CASES}[case]
+    loss = CNN_CASES[case][2] if case in CNN_CASES else "cross_entropy"
+    check_op(web, site, case, factory, shape, loss, batch=BATCH, seed=zlib.crc32(case.encode()) % 1000,
+             options={"maxDrawBuffers": 4})
+    url = build_module(site, f"draws4_{case}", factory(), shape)
+    draws = predict_draws(web, url, [1, 10], options={"maxDrawBuffers": 4})
+    assert draws["1"] == draws["10"], draws
 
 
 def test_sample_blocked_case_is_blocked_and_small_layers_are_not():

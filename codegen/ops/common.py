@@ -1,7 +1,7 @@
 """Constants and helpers shared by the op families."""
 from __future__ import annotations
 
-from texelfit.prep.layout import BLOCK_MIN_BATCH, ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
+from texelfit.prep.layout import SAMPLE_BLOCK, ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
 
 from ..kernels import Kernel, Pass, glsl_float
 
@@ -48,23 +48,24 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
                       consts=dict(c, **more))
 
     def blockable(what, names, uniforms, inputs, output, rows):
-        """The pass writing `output` (its batch rows, or all of a weight gradient). With blk0..3:output
-        planned (layout.py: sample_blocked) also its blocked twin: the pass computing 4 samples (or 4
-        rows) a fragment into those, and the interleave into `output`. The twin runs at batches of
-        BLOCK_MIN_BATCH or more, the one-sample pass below (Pass.batches): at batch 1 the twin would
-        fetch the one sample 4 times and add a pass."""
+        """The pass writing `output` (its batch rows, or all of a weight gradient). With blk0..7:output
+        planned (layout.py: sample_blocked) also its blocked twin: the pass computing SAMPLE_BLOCK
+        samples (or rows) a fragment into those, and the interleave into `output`. The blocked twin
+        runs at batches of BLOCK_MIN_BATCH or more on devices with SAMPLE_BLOCK draw buffers, the
+        one-sample pass otherwise (Pass.blocked)."""
         plain = Pass(kernel(what, names, uniforms, blocked=False), inputs, [output], rows, layer.name)
         if "blk0:" + output not in plan.textures:
             return [plain]
-        plain.batches = (1, BLOCK_MIN_BATCH)
-        parts = [f"blk{t}:{output}" for t in range(4)]
-        interleave = Kernel("interleave", "interleave.glsl.j2", ("T0", "T1", "T2", "T3"), uniforms=("u_rows",))
-        big = (BLOCK_MIN_BATCH, None)
+        plain.blocked = False
+        parts = [f"blk{t}:{output}" for t in range(SAMPLE_BLOCK)]
+        interleave = Kernel("interleave", "interleave.glsl.j2", tuple(f"T{t}" for t in range(SAMPLE_BLOCK)),
+                            uniforms=("u_rows",), consts={"block": SAMPLE_BLOCK})
         return [plain,
-                Pass(kernel(what, names, tuple(dict.fromkeys(uniforms + ("u_batch",))), 4, blocked=True), inputs,
-                     parts, "blocks" if rows == "batch" else rows, layer.name, batches=big),
+                Pass(kernel(what, names, tuple(dict.fromkeys(uniforms + ("u_batch",))), SAMPLE_BLOCK, blocked=True,
+                            block=SAMPLE_BLOCK),
+                     inputs, parts, "blocks" if rows == "batch" else rows, layer.name, blocked=True),
                 Pass(interleave, parts, [output], rows, layer.name,
-                     {"u_rows": plan.textures[parts[0]].sample_rows or 1}, batches=big)]
+                     {"u_rows": plan.textures[parts[0]].sample_rows or 1}, blocked=True)]
 
     forward = blockable("forward", ("X", "W") + (("B",) if b else ()), (), [plan.tensor(x), w] + ([b] if b else []),
                         plan.tensor(y), "batch")

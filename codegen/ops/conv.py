@@ -10,10 +10,11 @@ backward       activation_grad    DY, Y          -> DZ       rows: batch   (only
                conv_grad_input    DZ, W          -> dX       rows: batch   (when X needs a gradient)
 groups == 1 runs 4x4 channel blocks per fetch, depthwise convs 4 channels a fetch; other grouped
 convs run per lane.
-A sample-blocked layer (layout.py: sample_blocked) runs forward and grad_input as conv_*
-blocked (4 samples a fragment, rows: blocks, into blk0..3:T) + interleave (-> T), and its weight
-gradient as 4 rows a fragment + interleave (-> dW). In a training step the pass writing dW or db
-is left out: the optimizer pass includes its kernel (ops/optim.py).
+A sample-blocked layer (layout.py: sample_blocked) also has blocked twins of forward and
+grad_input, conv_* blocked (8 samples a fragment, rows: blocks, into blk0..7:T) + interleave
+(-> T), and of its weight gradient (8 rows a fragment + interleave -> dW); they run from 8 samples
+on (Pass.blocked). In a training step the pass writing dW or db is left out: the optimizer pass
+includes its kernel (ops/optim.py).
 """
 from __future__ import annotations
 

@@ -7,10 +7,11 @@ backward       activation_grad    DY, Y          -> DZ       rows: batch   (only
                dense_grad_weight  DZT, X         -> dW       rows: full
                dense_grad_bias    DZ             -> db       rows: full
                dense_grad_input   DZ, W          -> dX       rows: batch   (when X needs a gradient)
-A sample-blocked layer (layout.py: sample_blocked) runs forward and grad_input as dense_*
-blocked (4 samples a fragment, rows: blocks, into blk0..3:T) + interleave (-> T), and its weight
-gradient as 4 rows a fragment + interleave (-> dW). In a training step the pass writing dW or db
-is left out: the optimizer pass includes its kernel (ops/optim.py).
+A sample-blocked layer (layout.py: sample_blocked) also has blocked twins of forward and
+grad_input, dense_* blocked (8 samples a fragment, rows: blocks, into blk0..7:T) + interleave
+(-> T), and of its weight gradient (8 rows a fragment + interleave -> dW); they run from 8 samples
+on (Pass.blocked). In a training step the pass writing dW or db is left out: the optimizer pass
+includes its kernel (ops/optim.py).
 """
 from __future__ import annotations
 

@@ -22,11 +22,11 @@ _ADAM_UNIFORMS = ("u_lr", "u_wd", "u_decoupled", "u_beta1", "u_beta2", "u_eps", 
 
 def optimizer_pass(opt, name, grad: Pass):
     """The update of parameter `name` by `opt`, computing its gradient as `grad` (a backward pass
-    that writes pgrad:name) does, at the batch sizes `grad` runs at."""
+    that writes pgrad:name) does, where `grad` runs (the twin of a blocked pass, Pass.blocked)."""
     p, m, v = "param:" + name, "m:" + name, "v:" + name
     state = [p, m] if opt == "sgd" else [p, m, v]
     g = grad.kernel
     consts = dict(g.consts, gradient=g.template.removesuffix(".glsl.j2"))
     k = Kernel(f"{opt} {g.name}", f"{opt}.glsl.j2", g.inputs + ("P", "M", "V")[: len(state)], outputs=len(state),
                uniforms=g.uniforms + (_SGD_UNIFORMS if opt == "sgd" else _ADAM_UNIFORMS), consts=consts)
-    return [Pass(k, grad.inputs + state, state, "full", name, grad.values, grad.batches)], state
+    return [Pass(k, grad.inputs + state, state, "full", name, grad.values, grad.blocked)], state
