@@ -85,9 +85,16 @@ def render_kernel(kernel: Kernel) -> str:
     return compact_glsl(env.get_template("kernels/prelude.glsl.j2").render(ctx, body=body))
 
 
-# Lines of a generated shader that stay as they are: the runtime replaces the first, and the second
-# names the kernel in compile errors and in profiles.
-_KEPT_GLSL_LINES = ("//!TILING", "// texelfit kernel: ")
+@functools.lru_cache(maxsize=1)
+def render_common() -> str:
+    """The GLSL every kernel's source holds at its //!COMMON line (kernels/common.glsl.j2): the
+    bundle ships it once, as GLSL_COMMON."""
+    return compact_glsl(_env().get_template("kernels/common.glsl.j2").render())
+
+
+# Lines of a generated shader that stay as they are: the runtime replaces the first two, and the
+# third names the kernel in compile errors and in profiles.
+_KEPT_GLSL_LINES = ("//!TILING", "//!COMMON", "// texelfit kernel: ")
 
 
 def compact_glsl(source: str) -> str:

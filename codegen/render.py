@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from texelfit.prep.layout import BLOCK_MIN_BATCH, LOSS_RING, SAMPLE_BLOCK, Layou
 from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
-from .kernels import template_env
+from .kernels import render_common, template_env
 from .schedule import Schedule, serialize
 
 VERSION = "0.1.0"
@@ -72,6 +73,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "model_json": _js_json(model),
         "textures_json": _js_json(textures),
         "kernels_json": _js_json(kernels),
+        "glsl_common_json": _js_json(render_common()),
         "schedule_json": _js_json(sched),
         "model_version": VERSION,
         "weights_b64": base64.b64encode(weights.blob).decode("ascii"),
@@ -89,9 +91,10 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
 
 def compact_js(text: str) -> str:
     """The shipped form of the runtime: comment-only lines (after the file's opening comment),
-    indentation and blank lines dropped; the templates keep them for the reader. Only whole
-    lines go, so a `//` inside a string or a regular expression is never touched; lines inside a
-    multi-line template literal are kept as they are."""
+    trailing ` // ` comments, indentation and blank lines dropped; the templates keep them for the
+    reader. A trailing comment goes only where the code before it closes every quote it opens, so
+    a `//` inside a string is never touched (the runtime has no regular expression holding one);
+    lines inside a multi-line template literal are kept as they are."""
     out, header, literal = [], True, False
     for line in text.split("\n"):
         stripped = line.strip()
@@ -103,10 +106,21 @@ def compact_js(text: str) -> str:
         else:
             header = False
             if stripped and not stripped.startswith("//"):
-                out.append(stripped)
+                out.append(_without_trailing_comment(stripped))
         if line.count("`") % 2:
             literal = not literal
     return "\n".join(out) + "\n"
+
+
+_DATA_LINE = re.compile(r"const (MODEL|TEXTURES|KERNELS|GLSL_COMMON|SCHEDULE|WEIGHTS) = ")  # JSON and base64
+
+
+def _without_trailing_comment(line: str) -> str:
+    at = line.find(" // ")
+    if at < 0 or _DATA_LINE.match(line):
+        return line
+    code = line[:at]
+    return code.rstrip() if all(code.count(q) % 2 == 0 for q in "'\"`") else line
 
 
 def render_bundle(ctx: dict) -> dict[str, str]:
