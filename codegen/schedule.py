@@ -12,7 +12,7 @@ The runtime is a small interpreter over what this module returns:
 A pass is {kernel, inputs (texture per sampler, in the kernel's order),
 outputs (textures, one per render target), rows}. `rows` says what part of the
 output is drawn: "batch" (the rows of the first u_batch samples), "blocks" (of the first
-ceil(u_batch / 4): a sample-blocked forward or grad_input, layout.py), "full" (the whole texture) or
+ceil(u_batch / 8): a sample-blocked forward or grad_input, layout.py), "full" (the whole texture) or
 "ring" (one texel of the loss ring). Double-buffered textures are read from
 their current buffer and written to the other one. A pass with `blocked` is one of the twins of
 a sample-blocked layer's pass (ops/common.py: blockable; each with its optimizer passes): the
