@@ -141,6 +141,39 @@ def test_lost_context_is_restored_with_nothing_lost(web, bundle, data, reference
     same_weights(got["weights"], reference["weights"])
 
 
+@pytest.mark.parametrize("second", [{"type": "sgd", "lr": 0.05, "momentum": 0.9}, {"type": "adam", "lr": 0.02}],
+                         ids=["sgd_after_adam", "adam_after_adam"])
+def test_a_second_fit_replays_from_its_own_start(web, bundle, data, second):
+    """A fit starts from a snapshot of the weights and optimizer state; the runtime knows what the
+    GPU holds after createModel, a finished fit or an optimizer change (moments zeroed) and reads
+    nothing back then. Here a second fit, with SGD (a new optimizer: zero momentum) or Adam (the
+    first fit's moments and step count go on), loses its context at its 3rd step, before any
+    readback of its own: the replay starts where the first fit ended, as an uninterrupted pair of
+    fits does."""
+    got = run(web, bundle, data, """
+        const xs = x.subarray(0, 45 * 80), ys = y.subarray(0, 80);
+        const pair = async (model, onStep) => {
+          await model.fit(xs, ys, fitOptions({ epochs: 1 }));
+          return model.fit(xs, ys, fitOptions({ epochs: 1, optimizer: args.second, onStep }));
+        };
+        let restores = 0;
+        canvas.addEventListener('webglcontextrestored', () => restores++);
+        const r = await pair(m, ({ step }) => {
+          if (step === 3 && restores === 0) {
+            lose.loseContext();
+            setTimeout(() => lose.restoreContext(), 30);
+          }
+        });
+        const fresh = await mod.createModel();
+        const ref = await pair(fresh, undefined);
+        return { restores, loss: r.loss, refLoss: ref.loss, weights: arr(await m.getWeights()),
+                 refWeights: arr(await fresh.getWeights()) };
+    """, second=second)
+    assert got["restores"] == 1
+    assert got["loss"] == got["refLoss"]
+    same_weights(got["weights"], got["refWeights"])
+
+
 def test_context_not_restored_rejects_and_keeps_the_last_snapshot(web, bundle, data):
     # shuffle off: the first 64 steps (a snapshot is taken every 64) are the first 512 samples
     got = run(web, bundle, data, """
