@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from texelfit.prep.ir import Graph
 from texelfit.prep.layout import LayoutPlan, TextureSpec
+from texelfit.prep.load import BuildError
 
 from . import ops
 from .kernels import Kernel, Pass, render_kernel, source_id
@@ -78,7 +79,16 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
                 passes, swaps = ops.optimizer_pass(opt, p.name, grad)
                 s.optimizer[opt] += passes
             s.swaps[opt] += swaps
+    for p in s.all_passes():
+        if len(p.inputs) > MAX_INPUTS:
+            raise BuildError(f"layer {p.label!r}: its kernel {p.kernel.name!r} reads {len(p.inputs)} tensors; texelfit "
+                             f"reads at most {MAX_INPUTS} in one pass (WebGL2 promises 16 texture units, and uploads keep one)")
     return s
+
+
+# Textures one pass may read: WebGL2 promises 16 texture units; the runtime uploads through the last
+# one (runtime/textures.js.j2: UPLOAD_UNIT), so that the passes' bindings stay between draws.
+MAX_INPUTS = 15
 
 
 def serialize(schedule: Schedule) -> tuple[list[dict], dict]:

@@ -56,6 +56,30 @@ def test_texture_no_device_can_hold_fails_at_build_time():
         check_layout(plan)
 
 
+@pytest.mark.parametrize("inputs", [15, 16])
+def test_a_pass_reading_more_than_15_tensors_fails_at_build_time(inputs):
+    """A concat of 16 tensors would need all 16 texture units WebGL2 promises; the runtime keeps one for uploads."""
+    import torch
+
+    from texelfit.prep.load import export_simplified
+
+    class Cat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.branches = torch.nn.ModuleList([torch.nn.Linear(5, 2) for _ in range(inputs)])
+
+        def forward(self, x):
+            return torch.cat([b(x) for b in self.branches], 1)
+
+    model = export_simplified(Cat(), (5,))
+    if inputs == 15:
+        compile_onnx(model, name="m", input_shape=(5,), loss="mse")
+        return
+    with pytest.raises(BuildError, match=r"layer '/Concat': its kernel 'concat_forward 2\+2.*' reads 16 tensors; "
+                                         r"texelfit reads at most 15 in one pass"):
+        compile_onnx(model, name="m", input_shape=(5,), loss="mse")
+
+
 def test_report_lists_every_texture():
     r = compile_onnx(conv_model(pool="MaxPool"), name="m", max_batch=4)
     names = {t["name"] for t in r.report["textures"]}
