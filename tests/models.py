@@ -37,13 +37,13 @@ def mlp_45_31_7():
 
 def sample_blocked_mlp():
     """45-200-96-7: the 200->96 layer is past layout.SAMPLE_BLOCK_MIN_MACS, so its forward, grad_input and
-    weight gradient compute 4 samples (rows) a fragment, and its optimizer reads the weight gradient
+    weight gradient compute 8 samples (rows) a fragment from batch 8 on, and its optimizer reads the weight gradient
     through the interleave."""
     return nn.Sequential(nn.Linear(45, 200), nn.ReLU(), nn.Linear(200, 96), nn.ReLU(), nn.Linear(96, 7))
 
 
 def blocked_cnn():
-    """On 1x12x12: both convs are past layout.SAMPLE_BLOCK_MIN_MACS (4 samples a fragment in their forward,
+    """On 1x12x12: both convs are past layout.SAMPLE_BLOCK_MIN_MACS (8 samples a fragment in their forward,
     the second's grad_input), and the second's weight gradient (16 input channels) is row-blocked."""
     return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 3), nn.ReLU(), nn.Flatten(),
                          nn.Linear(800, 10))
@@ -65,14 +65,14 @@ OP_CASES = {
     "dropout_identity": (lambda: nn.Sequential(nn.Linear(45, 31), nn.Dropout(0.5), nn.ReLU(), nn.Identity(),
                                                nn.Linear(31, 7)), (45,)),
     "sigmoid_output": (lambda: nn.Sequential(nn.Linear(45, 9), nn.Sigmoid()), (45,)),
-    # 200x96 weights: past layout.SAMPLE_BLOCK_MIN_MACS, that layer's forward and grad_input compute 4 samples
+    # 200x96 weights: past layout.SAMPLE_BLOCK_MIN_MACS, that layer's forward and grad_input compute 8 samples
     # a fragment
     "sample_blocked": (lambda: sample_blocked_mlp(), (45,)),
 }
 
 # The cases with sample-blocked layers: those run their blocked passes at batches of 8 or more
 # (layout.BLOCK_MIN_BATCH) and their one-sample twins below, so the op tests run them at a batch of
-# both kinds (BLOCKED_BATCH: 2 blocks of 4 samples and 2 more).
+# both kinds (BLOCKED_BATCH: a block of 8 samples and 2 more).
 BLOCKED_CASES = ("sample_blocked", "conv_sample_blocked")
 BLOCKED_BATCH = 10
 
@@ -188,7 +188,7 @@ CNN_CASES = {
     "conv_asymmetric_pad": (_seq(nn.ZeroPad2d((1, 0, 2, 1)), nn.Conv2d(3, 5, 3)), IMG, "mse"),
     "conv_relu_fused": (_seq(nn.Conv2d(3, 5, 3), nn.ReLU()), IMG, "mse"),
     # past layout.SAMPLE_BLOCK_MIN_MACS: both forwards (3 and 8 input channels) and the second conv's
-    # grad_input compute 4 samples a fragment
+    # grad_input compute 8 samples a fragment
     "conv_sample_blocked": (_seq(nn.Conv2d(3, 8, 3, padding=1), nn.Tanh(), nn.Conv2d(8, 8, 3)), IMG, "mse"),
     "conv_tanh_sigmoid_leaky": (_seq(nn.Conv2d(3, 5, 3), nn.Tanh(), nn.Conv2d(5, 4, 3, padding=1), nn.Sigmoid(),
                                      nn.Conv2d(4, 3, 1), nn.LeakyReLU(0.1)), IMG, "mse"),

@@ -34,7 +34,7 @@ def test_residual_cnn_trajectory(web, site, opt_name):
 
 @pytest.mark.parametrize("opt_name", ["adam", "sgd_momentum_wd"])
 def test_sample_blocked_cnn_trajectory(web, site, opt_name):
-    # batches of 10 (2 blocks of 4 samples and 2 more), the last of 3 (the one-sample twins)
+    # batches of 10 (a block of 8 samples and 2 more), the last of 3 (the one-sample twins)
     check_training(web, site, blocked_cnn, SHAPE, opt_name, "cross_entropy", samples=23, batch_size=10, epochs=2,
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
 

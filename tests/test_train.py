@@ -36,7 +36,7 @@ def test_long_trajectory_reads_losses_across_the_ring(web, site):
 
 @pytest.mark.parametrize("opt_name", ["sgd_momentum_wd", "adam"])
 def test_trajectory_with_a_sample_blocked_layer(web, site, opt_name):
-    # batches of 14 (3 blocks of 4 samples and 2 more), the last of 5 (below 8: the one-sample twins);
+    # batches of 14 (a block of 8 samples and 6 more), the last of 5 (below 8: the one-sample twins);
     # 2 epochs = 8 steps, switching between the two kinds of passes and their optimizer passes
     check_training(web, site, sample_blocked_mlp, (45,), opt_name, "cross_entropy", samples=47, batch_size=14,
                    epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
