@@ -58,8 +58,10 @@ def test_blocked_layers_run_their_one_sample_twins_at_small_batches(web, site, c
     url = build_module(site, f"draws_{case}", factory(), shape)
     draws = predict_draws(web, url, [1, 7, 8, 10, 3])
     blocked_layers = 1 if case == "sample_blocked" else 2  # forwards with blk textures (the *_is_blocked tests)
+    split_layers = 1 if case == "sample_blocked" else 0  # one-sample forwards in 2 passes (layout.split_k)
     assert draws["1"] == draws["7"] == draws["3"], draws
-    assert draws["8"] == draws["10"] == draws["1"] + blocked_layers, draws  # each adds its interleave
+    # a blocked forward adds its interleave; a split-K one-sample forward draws 2 passes
+    assert draws["8"] == draws["10"] == draws["1"] + blocked_layers - split_layers, draws
 
 
 @pytest.mark.parametrize("case", BLOCKED_CASES)
@@ -75,14 +77,22 @@ def test_without_8_draw_buffers_blocked_layers_run_one_sample_passes(web, site, 
     assert draws["1"] == draws["10"], draws
 
 
+def blocked_out(names) -> str:
+    """The tensor whose activation is sample-blocked, from the texture names."""
+    return next(n for n in names if n.startswith("blk0:act:"))[len("blk0:act:"):]
+
+
 def test_sample_blocked_case_is_blocked_and_small_layers_are_not():
-    """The sample_blocked case really runs the 4-samples-a-fragment forward and grad_input (and their
-    interleaves) for its 200->96 layer, and only there."""
+    """The sample_blocked case really runs the 8-samples-a-fragment forward and grad_input (and their
+    interleaves) for its 200->96 layer, and only there; below 8 samples that layer's forward is split-K."""
     factory, shape = OP_CASES["sample_blocked"]
     result = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=64)
     names = {t["name"] for t in result.report["textures"]}
     blocked = sorted(n.split(":", 1)[1].split(":")[0] for n in names if n.startswith("blk0:"))
     assert blocked == ["act", "grad", "pgrad"], names  # the 200->96 layer: output, input gradient, weight gradient
     assert "// texelfit kernel: interleave" in result.files["m.js"]
+    # the same layer's one-sample forward sums its 200 inputs in 4 slices (layout.split_k); the others are narrow
+    assert sorted(n for n in names if n.startswith("split:")) == ["split:" + blocked_out(names)], names
+    assert "// texelfit kernel: dense_forward 200->96 relu split" in result.files["m.js"]
     small = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=4)
     assert not any(t["name"].startswith("blk") for t in small.report["textures"])  # batches of 4 at most

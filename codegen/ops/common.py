@@ -40,7 +40,7 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
 
     def kernel(what, inputs, uniforms=(), outputs=1, **more):
-        blocked = " blocked" if more.get("blocked") else ""
+        blocked = " blocked" if more.get("blocked") else " split" if more.get("split") else ""
         if what in generic:
             return Kernel(f"{family}_{what}{blocked}", f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
                           consts=more)
@@ -69,6 +69,15 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
 
     forward = blockable("forward", ("X", "W") + (("B",) if b else ()), (), [plan.tensor(x), w] + ([b] if b else []),
                         plan.tensor(y), "batch")
+    if "split:" + y in plan.textures:
+        # split-K (layout.split_k): the one-sample forward as partial sums over slices of the inputs
+        # (S rows a sample, into split:Y) and their sum, with the bias and activation (dense_reduce)
+        one, parts = forward[0], plan.textures["split:" + y].sample_rows
+        forward[:1] = [
+            Pass(kernel("forward", ("X", "W"), split=parts, chunk=ceil_div(c["in4"], parts), blocked=False), one.inputs[:2],
+                 ["split:" + y], "batch", layer.name, blocked=one.blocked),
+            Pass(kernel("reduce", ("P",) + (("B",) if b else ()), split=parts), ["split:" + y] + ([b] if b else []),
+                 one.outputs, "batch", layer.name, blocked=one.blocked)]
     dz, tx = plan.grad(y), plan.tensor(x)
     backward = []
     if c["act"] != "none":

@@ -1,6 +1,8 @@
 """dense: Y = act(X @ W.T + b). W is laid out [ceil4(O) rows, ceil(I/4) texels] (layout.py).
 
 forward        dense_forward      X, W, B        -> Y        rows: batch
+  or, split-K  dense_forward      X, W           -> split:Y  rows: batch   (S rows a sample: layout.split_k)
+               dense_reduce       split:Y, B     -> Y        rows: batch
 backward       activation_grad    DY, Y          -> DZ       rows: batch   (only with a fused activation:
                                                                         DZ = DY * act'(Y); without, DZ is DY)
                samples_last       DZ             -> DZT      rows: full    (dZ with the samples as channels)
