@@ -30,7 +30,7 @@ def _js_json(obj) -> str:
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
                   default_loss: str, weights: Quantized | None = None) -> dict:
     """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given."""
-    kernels, sched = serialize(schedule)
+    kernels, sched = serialize(schedule, list(plan.textures))
     if weights is None:
         weights = quantize(graph, "none")
     assert [t.name for t in weights.tensors] == list(graph.params), "the blob must hold the graph's params in order"

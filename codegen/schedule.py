@@ -91,10 +91,13 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
 MAX_INPUTS = 15
 
 
-def serialize(schedule: Schedule) -> tuple[list[dict], dict]:
-    """Kernels deduplicated by source hash, and the schedule referring to them by index."""
+def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict]:
+    """Kernels deduplicated by source hash, and the schedule referring to them by index, and to
+    the textures by their index in `textures` (the bundle's TEXTURES: names are long, and every
+    pass lists several)."""
     kernels: list[dict] = []
     index: dict[str, int] = {}
+    tex = {name: i for i, name in enumerate(textures)}
 
     def kernel_ref(k: Kernel) -> int:
         src = render_kernel(k)
@@ -102,13 +105,14 @@ def serialize(schedule: Schedule) -> tuple[list[dict], dict]:
         if sid not in index:
             index[sid] = len(kernels)
             # template and consts let the CPU backend run the same kernel (runtime/cpu.js.j2)
-            kernels.append({"id": sid, "name": k.name, "source": src, "inputs": list(k.inputs),
+            kernels.append({"name": k.name, "source": src, "inputs": list(k.inputs),
                             "outputs": k.outputs, "uniforms": list(k.uniforms),
                             "template": k.template.removesuffix(".glsl.j2"), "consts": _json_consts(k.consts)})
         return index[sid]
 
     def passes(ps: list[Pass]) -> list[dict]:
-        return [{"kernel": kernel_ref(p.kernel), "inputs": p.inputs, "outputs": p.outputs, "rows": p.rows,
+        return [{"kernel": kernel_ref(p.kernel), "inputs": [tex[n] for n in p.inputs],
+                 "outputs": [tex[n] for n in p.outputs], "rows": p.rows,
                  "label": p.label, **({"values": p.values} if p.values else {}),
                  **({"blocked": p.blocked} if p.blocked is not None else {})} for p in ps]
 
@@ -117,7 +121,7 @@ def serialize(schedule: Schedule) -> tuple[list[dict], dict]:
         "backward": passes(schedule.backward),
         "loss": {k: passes(v) for k, v in schedule.loss.items()},
         "optimizer": {k: passes(v) for k, v in schedule.optimizer.items()},
-        "swaps": schedule.swaps,
+        "swaps": {k: [tex[n] for n in v] for k, v in schedule.swaps.items()},
         "trainBackward": schedule.train_backward,
     }
     return kernels, data
