@@ -47,7 +47,7 @@ def test_cnn_op(web, site, case):
 # ---- training trajectories -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
-@pytest.mark.parametrize("opt_name", ["sgd_momentum_wd", "adam", "adamw"])
+@pytest.mark.parametrize("opt_name", ["sgd", "sgd_momentum_wd", "adam", "adamw"])
 def test_mlp_trajectory(web, site, opt_name, loss):
     # 50 samples in batches of 16 (the last one partial), 3 epochs = 12 steps
     got = check_training(web, site, mlp_45_31_7, (45,), opt_name, loss, samples=50, batch_size=16, epochs=3,

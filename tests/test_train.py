@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import ONE_STEP, OPTIMIZERS, TRAJ_LOSS, TRAJ_W, check_training
+import torch
+import torch.nn.functional as F
+
+from helpers import ONE_STEP, OPTIMIZERS, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_training, run_model, \
+    torch_state
 from models import mlp_45_31_7, sample_blocked_mlp
 
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
@@ -21,7 +25,7 @@ def test_one_step(web, site, opt_name):
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
-@pytest.mark.parametrize("opt_name", ["sgd_momentum_wd", "sgd_nesterov", "adam", "adamw"])
+@pytest.mark.parametrize("opt_name", ["sgd", "sgd_momentum_wd", "sgd_nesterov", "adam", "adamw"])
 def test_trajectory(web, site, opt_name, loss):
     # 50 samples in batches of 16: 16, 16, 16 and a partial 2, for 3 epochs = 12 steps
     check_training(web, site, mlp_45_31_7, (45,), opt_name, loss, samples=50, batch_size=16, epochs=3,
@@ -34,9 +38,55 @@ def test_long_trajectory_reads_losses_across_the_ring(web, site):
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
 
 
-@pytest.mark.parametrize("opt_name", ["sgd_momentum_wd", "adam"])
+@pytest.mark.parametrize("opt_name", ["sgd", "sgd_momentum_wd", "adam"])
 def test_trajectory_with_a_sample_blocked_layer(web, site, opt_name):
     # batches of 14 (a block of 8 samples and 6 more), the last of 5 (below 8: the one-sample twins);
     # 2 epochs = 8 steps, switching between the two kinds of passes and their optimizer passes
     check_training(web, site, sample_blocked_mlp, (45,), opt_name, "cross_entropy", samples=47, batch_size=14,
                    epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
+
+
+@pytest.mark.parametrize("backend", ["webgl2", "cpu"])
+@pytest.mark.parametrize("momenta,dampening", [([0.9, 0.0, 0.9], 0.0), ([0.0, 0.9], 0.3)],
+                         ids=["off_and_on_again", "on_after_steps_without"])
+def test_sgd_momentum_changed_between_fits_follows_torchs_buffer(web, site, backend, momenta, dampening):
+    """Fits with one SGD optimizer whose momentum changes between them, as one torch.optim.SGD whose
+    param group's momentum changes between loops. With momentum 0 torch neither uses nor updates the
+    buffer: a later loop with momentum goes on from the earlier one's buffer (the runtime's
+    momentum-free passes, sgd0, write the parameters alone, and the buffer must be found where the
+    parameters' passes draw it: model.js #alignState), or, with none yet, starts it as the gradient,
+    undampened, whatever the step count (model.js: buffered)."""
+    torch.manual_seed(3)
+    module = sample_blocked_mlp()
+    url = build_module(site, "momentum_changed", module, (45,))
+    x, y = torch.randn(30, 45), torch.randint(0, 7, (30,))
+    got = run_model(web, url, """
+        const x = new Float32Array(args.x), y = Int32Array.from(args.y);
+        const losses = [];
+        for (const momentum of args.momenta) {
+          const r = await m.fit(x, y, { batchSize: 10, epochs: 1, shuffle: false,
+                                        optimizer: { type: 'sgd', lr: 0.05, momentum, dampening: args.dampening } });
+          losses.push(...r.loss);
+        }
+        return { losses, weights: arr(await m.getWeights()) };
+    """, {"x": x.reshape(-1).tolist(), "y": y.tolist(), "momenta": momenta, "dampening": dampening},
+                    {"backend": backend} if backend == "cpu" else None)
+    opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9, dampening=dampening)
+    losses = []
+    for momentum in momenta:
+        opt.param_groups[0]["momentum"] = momentum
+        losses += torch_fit_epoch(module, opt, x, y, 10)
+    assert_close("losses", got["losses"], losses, **TRAJ_LOSS)
+    for name, ref in torch_state(module).items():
+        assert_close(name, got["weights"][name], ref, **TRAJ_W)
+
+
+def torch_fit_epoch(module, opt, x, y, batch_size) -> list[float]:
+    losses = []
+    for s in range(0, len(x), batch_size):
+        opt.zero_grad()
+        value = F.cross_entropy(module(x[s:s + batch_size]), y[s:s + batch_size])
+        value.backward()
+        opt.step()
+        losses.append(value.item())
+    return losses
