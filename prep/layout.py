@@ -31,7 +31,9 @@ A weight's texel packs the axis that is wide in practice: a dense layer's inputs
 may be 10 classes or 1 value) and a conv's output channels (its inputs are often 1 or 3, grey or
 RGB, which would leave 3/4 or 1/4 of every input-packed texel empty). The weight gradient sums
 over the samples, so it reads the other factor with the samples as channels (4 samples a fetch):
-dZ of a dense output (dzt:Y, rows padded to 4 like the weight's) and X of a conv input (xt:X).
+X of a conv input (xt:X), and dZ of a dense output (dzt:Y, rows padded to 4 like the weight's) where
+the weight gradient is row-blocked; a dense layer's one-sample weight gradient reads dZ as it is
+(one pass fewer, which pays at the small batches it runs at).
 
 Where each element comes from in the source (PyTorch row-major) array is given by a
 `Packing`: element (r, b, c) sits at (r // r2) * s_r1 + (r % r2) * s_r2 + b * s_b + c * s_c.
@@ -163,6 +165,17 @@ SPLIT_MIN_PARTS = 4
 SPLIT_MAX_PARTS = 16
 
 
+def weight_grad_blocked(layer, graph: Graph, max_batch: int) -> bool:
+    """Whether the weight gradient of a sample-blocked layer is row-blocked too (blk{t}:pgrad:W, 8 rows
+    of dW a fragment): where those rows come in whole 8s (a dense layer's outputs padded to 4, a conv's
+    ICg: 8 rows of one kernel row kh)."""
+    if not sample_blocked(layer, graph, max_batch):
+        return False
+    if layer.op == "dense":
+        return ceil_div(graph.shapes[layer.outputs[0]][0], 4) * 4 % SAMPLE_BLOCK == 0
+    return graph.params[layer.params["weight"]].array.shape[1] % SAMPLE_BLOCK == 0
+
+
 def split_k(layer, graph: Graph) -> int:
     """The parts S the one-sample forward of `layer` sums its inputs in, or 0 (one pass)."""
     if layer.op != "dense":
@@ -288,8 +301,9 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             add(TextureSpec("split:" + out, "partial", (max_batch,) + graph.shapes[out], p, p.rows, p.r2))
         if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
             per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
-        # the weight gradient's factor with the samples as channels (see above)
-        if layer.op == "dense":
+        # the weight gradient's factor with the samples as channels (see above); a dense layer's one-sample
+        # weight gradient reads dZ as it is, so only a blocked one needs dzt:
+        if layer.op == "dense" and weight_grad_blocked(layer, graph, max_batch):
             samples_last("dzt:" + out, "gradient", out, rows_of=4)
         if layer.op == "conv":
             samples_last("xt:" + act_alias.get(layer.inputs[0], layer.inputs[0]), "activation", layer.inputs[0])
@@ -344,10 +358,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         for role_name, prefix in (("param", "param:"), ("param_grad", "pgrad:"), ("state", "m:"), ("state", "v:")):
             add(TextureSpec(prefix + p.name, role_name, tuple(p.array.shape), packing, height,
                             double=role_name in ("param", "state")))
-        if role == "weight" and sample_blocked(layer, graph, max_batch) and \
-                (height if layer.op == "dense" else p.array.shape[1]) % SAMPLE_BLOCK == 0:
-            # its gradient is blocked too: rows 8*r + t of dW in row r of blk{t} (for a conv, 8 rows of one
-            # kernel row kh: kh * ICg + j with ICg a multiple of 8)
+        if role == "weight" and weight_grad_blocked(layer, graph, max_batch):
+            # its gradient is blocked too: rows 8*r + t of dW in row r of blk{t}
             rows = height // SAMPLE_BLOCK
             part = Packing(rows, 1, packing.blocks, packing.chans, 0, 0, 0, 0)  # sizes only: never packed
             for t in range(SAMPLE_BLOCK):

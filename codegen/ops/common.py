@@ -47,16 +47,18 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
         return Kernel(title(c, f"{family}_{what}") + blocked, f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
                       consts=dict(c, **more))
 
-    def blockable(what, names, uniforms, inputs, output, rows):
+    def blockable(what, names, uniforms, inputs, output, rows, blocked_reads=None):
         """The pass writing `output` (its batch rows, or all of a weight gradient). With blk0..7:output
         planned (layout.py: sample_blocked) also its blocked twin: the pass computing SAMPLE_BLOCK
         samples (or rows) a fragment into those, and the interleave into `output`. The blocked twin
         runs at batches of BLOCK_MIN_BATCH or more on devices with SAMPLE_BLOCK draw buffers, the
-        one-sample pass otherwise (Pass.blocked)."""
+        one-sample pass otherwise (Pass.blocked). `blocked_reads`: the blocked twin's (names, inputs)
+        where they differ."""
         plain = Pass(kernel(what, names, uniforms, blocked=False), inputs, [output], rows, layer.name)
         if "blk0:" + output not in plan.textures:
             return [plain]
         plain.blocked = False
+        names, inputs = blocked_reads or (names, inputs)
         parts = [f"blk{t}:{output}" for t in range(SAMPLE_BLOCK)]
         interleave = Kernel("interleave", "interleave.glsl.j2", tuple(f"T{t}" for t in range(SAMPLE_BLOCK)),
                             uniforms=("u_rows",), consts={"block": SAMPLE_BLOCK})
@@ -88,21 +90,27 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
                              [dz, plan.tensor(y)], ["dz:" + y], "batch", layer.name))
         dz, c = "dz:" + y, dict(c, act="none")  # the kernels below apply no activation
     # grad_weight sums over the samples: it reads the factor that the weight's texel does not pack
-    # with the samples as channels (layout.py), 4 samples a fetch: dZ of a dense, X of a conv
+    # with the samples as channels (layout.py), 4 samples a fetch: X of a conv, and dZ of a dense
+    # layer where its weight gradient is blocked (only that twin reads it: the one-sample pass reads dZ)
     if family == "dense":
-        src, st, names = dz, "dzt:" + y, ("DZT", "X")
+        src, st, names, factors = dz, "dzt:" + y, ("DZ", "X"), [dz, tx]
     else:
         src, st, names = tx, "xt:" + tx[len("act:"):], ("DZ", "XT")
-    spec = plan.textures[st]
-    ch, h, w_ = chw(spec.shape[:-1])
-    c = dict(c, nb4=spec.packing.c4)
-    # (c4 only matters with w > 1: dense layers share one program)
-    backward.append(Pass(Kernel(f"samples_last {h}x{w_}", "samples_last.glsl.j2", ("A",), uniforms=("u_batch",),
-                                consts={"c4": ceil_div(ch, 4) if w_ > 1 else 0, "h": h, "w": w_, "nb4": spec.packing.c4}),
-                         [src], [st], "full", layer.name))
-    factors = [st, tx] if family == "dense" else [dz, st]
+        factors = [dz, st]
+    blocked_reads = None
+    if st in plan.textures:
+        spec = plan.textures[st]
+        ch, h, w_ = chw(spec.shape[:-1])
+        c = dict(c, nb4=spec.packing.c4)
+        # (c4 only matters with w > 1: dense layers share one program)
+        backward.append(Pass(Kernel(f"samples_last {h}x{w_}", "samples_last.glsl.j2", ("A",), uniforms=("u_batch",),
+                                    consts={"c4": ceil_div(ch, 4) if w_ > 1 else 0, "h": h, "w": w_,
+                                            "nb4": spec.packing.c4}),
+                             [src], [st], "full", layer.name, blocked=True if family == "dense" else None))
+        if family == "dense":
+            blocked_reads = ("DZT", "X"), [st, tx]
     backward += blockable("grad_weight", names, ("u_batch", "u_loss_scale"), factors, "pgrad:" + layer.params["weight"],
-                          "full")
+                          "full", blocked_reads)
     if b:
         backward.append(Pass(kernel("grad_bias", ("DZ",), ("u_batch", "u_loss_scale")), [dz],
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))

@@ -5,13 +5,13 @@ forward        dense_forward      X, W, B        -> Y        rows: batch
                dense_reduce       split:Y, B     -> Y        rows: batch
 backward       activation_grad    DY, Y          -> DZ       rows: batch   (only with a fused activation:
                                                                         DZ = DY * act'(Y); without, DZ is DY)
-               samples_last       DZ             -> DZT      rows: full    (dZ with the samples as channels)
-               dense_grad_weight  DZT, X         -> dW       rows: full
+               dense_grad_weight  DZ, X          -> dW       rows: full
                dense_grad_bias    DZ             -> db       rows: full
                dense_grad_input   DZ, W          -> dX       rows: batch   (when X needs a gradient)
 A sample-blocked layer (layout.py: sample_blocked) also has blocked twins of forward and
 grad_input, dense_* blocked (8 samples a fragment, rows: blocks, into blk0..7:T) + interleave
-(-> T), and of its weight gradient (8 rows a fragment + interleave -> dW); they run from 8 samples
+(-> T), and of its weight gradient (samples_last DZ -> DZT, dZ with the samples as channels, then
+dense_grad_weight blocked DZT, X, 8 rows a fragment, + interleave -> dW); they run from 8 samples
 on (Pass.blocked). In a training step the pass writing dW or db is left out: the optimizer pass
 includes its kernel (ops/optim.py).
 """
