@@ -39,8 +39,8 @@ def test_forward_and_gradients(web, site, case, precision):
              fwd=fwd, grad=grad, options={"precision": precision})
 
 
-@pytest.mark.parametrize("opt_name,loss", [("sgd_momentum_wd", "mse"), ("adam", "cross_entropy"),
-                                           ("adamw", "cross_entropy")])
+@pytest.mark.parametrize("opt_name,loss", [("sgd", "cross_entropy"), ("sgd_momentum_wd", "mse"),
+                                           ("adam", "cross_entropy"), ("adamw", "cross_entropy")])
 def test_rgba8_trajectory(web, site, opt_name, loss):
     check_training(web, site, mlp_45_31_7, (45,), opt_name, loss, samples=50, batch_size=16, epochs=3,
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options={"precision": "rgba8"})
