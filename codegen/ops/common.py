@@ -75,9 +75,9 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
         # split-K (layout.split_k): the one-sample forward as partial sums over slices of the inputs
         # (S rows a sample, into split:Y) and their sum, with the bias and activation (dense_reduce)
         one, parts = forward[0], plan.textures["split:" + y].sample_rows
+        split = kernel("forward", ("X", "W"), split=parts, chunk=ceil_div(c["in4"], parts), blocked=False)
         forward[:1] = [
-            Pass(kernel("forward", ("X", "W"), split=parts, chunk=ceil_div(c["in4"], parts), blocked=False), one.inputs[:2],
-                 ["split:" + y], "batch", layer.name, blocked=one.blocked),
+            Pass(split, one.inputs[:2], ["split:" + y], "batch", layer.name, blocked=one.blocked),
             Pass(kernel("reduce", ("P",) + (("B",) if b else ()), split=parts), ["split:" + y] + ([b] if b else []),
                  one.outputs, "batch", layer.name, blocked=one.blocked)]
     dz, tx = plan.grad(y), plan.tensor(x)
