@@ -52,7 +52,7 @@ the GLSL accessors map (row, col) through the fold (see kernels/prelude.glsl.j2)
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -247,6 +247,10 @@ class LayoutPlan:
     grad_sums: dict[str, list[str]]  # tensor -> contribution textures summed into grad:tensor
     grad_alias: dict[str, str]  # tensor -> gradient texture it shares (the only consumer is an add)
     needs_grad: set[str]
+    # tensors X = act(Z) of a dense or conv layer with a fused activation whose one consumer is a dense
+    # layer: its grad_input writes dz:X, the gradient before the activation, itself (times act'(X)),
+    # and the producer has no activation_grad pass (one pass a step fewer). X -> (act, alpha)
+    act_grad_fused: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def tensor(self, name: str) -> str:
         """The activation texture holding tensor `name`."""
@@ -315,6 +319,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     grad_targets: dict[tuple[str, int], str] = {}
     grad_sums: dict[str, list[str]] = {}
     grad_alias: dict[str, str] = {}
+    act_grad_fused: dict[str, tuple[str, float]] = {}
     for layer in reversed(graph.layers):
         out = layer.outputs[0]
         if out not in needs:
@@ -329,10 +334,14 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
                 contributions.append(grad_alias.get(consumer.outputs[0], "grad:" + consumer.outputs[0]))
                 continue
             target = "grad:" + out if len(uses) == 1 else f"grad:{out}@{k}"
+            if len(uses) == 1 and consumer != "<loss>" and consumer.op == "dense" and \
+                    layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
+                target = "dz:" + out
+                act_grad_fused[out] = (layer.attrs["act"], layer.attrs.get("alpha", 0.0))
             grad_targets[(cname, slot)] = target
             contributions.append(target)
             per_sample(target, "gradient", out)
-        if len(uses) == 1 and contributions[0] != "grad:" + out:
+        if len(uses) == 1 and contributions[0] != "grad:" + out and out not in act_grad_fused:
             grad_alias[out] = contributions[0]  # the single consumer is an add: share its output's gradient
         elif len(uses) > 1:
             grad_sums[out] = contributions
@@ -370,7 +379,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     per_sample("targets", "targets", graph.output)
     ring = matrix_packing(1, 4 * LOSS_RING)
     add(TextureSpec("loss", "loss", (LOSS_RING,), ring, 1))
-    return LayoutPlan(textures, act_alias, grad_targets, grad_sums, grad_alias, needs)
+    return LayoutPlan(textures, act_alias, grad_targets, grad_sums, grad_alias, needs, act_grad_fused)
 
 
 def check_layout(plan: LayoutPlan) -> None:

@@ -82,6 +82,20 @@ def blocked_out(names) -> str:
     return next(n for n in names if n.startswith("blk0:act:"))[len("blk0:act:"):]
 
 
+def test_a_fused_activation_gradient_goes_into_the_next_dense_layers_grad_input():
+    """45-200-96-7 with relus: each relu's one consumer is a dense layer, whose grad_input applies relu'
+    (no activation_grad pass); an activation read by a conv or a flatten keeps its pass."""
+    def bundle(module, shape):
+        return compile_onnx(export_simplified(module, shape), name="m", input_shape=shape, max_batch=64).files["m.js"]
+    factory, shape = OP_CASES["sample_blocked"]
+    js = bundle(factory(), shape)
+    assert "// texelfit kernel: activation_grad" not in js
+    assert "// texelfit kernel: dense_grad_input 200->96 relu" in js  # applies the 45->200 layer's relu'
+    for case in ("conv_tanh_sigmoid_leaky", "flatten_nchw_linear"):
+        factory, shape, _ = CNN_CASES[case]
+        assert "// texelfit kernel: activation_grad" in bundle(factory(), shape), case
+
+
 def test_sample_blocked_case_is_blocked_and_small_layers_are_not():
     """The sample_blocked case really runs the 8-samples-a-fragment forward and grad_input (and their
     interleaves) for its 200->96 layer, and only there; below 8 samples that layer's forward is split-K."""
@@ -89,7 +103,8 @@ def test_sample_blocked_case_is_blocked_and_small_layers_are_not():
     result = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=64)
     names = {t["name"] for t in result.report["textures"]}
     blocked = sorted(n.split(":", 1)[1].split(":")[0] for n in names if n.startswith("blk0:"))
-    assert blocked == ["act", "grad", "pgrad"], names  # the 200->96 layer: output, input gradient, weight gradient
+    # the 200->96 layer: output, input gradient (times the relu' before it: layout.py act_grad_fused), weight gradient
+    assert blocked == ["act", "dz", "pgrad"], names
     assert "// texelfit kernel: interleave" in result.files["m.js"]
     # the same layer's one-sample forward sums its 200 inputs in 4 slices (layout.split_k); the others are narrow
     assert sorted(n for n in names if n.startswith("split:")) == ["split:" + blocked_out(names)], names

@@ -84,10 +84,12 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
     backward = []
     if c["act"] != "none":
         # dZ = dY * act'(Y) once, into dz:Y (layout.py allocates it): the gradient kernels below
-        # read only dZ, the gradient before the activation
-        backward.append(Pass(Kernel(f"activation_grad {c['act']}", "activation_grad.glsl.j2", ("DY", "Y"),
-                                    consts={"act": c["act"], "alpha": c["alpha"]}),
-                             [dz, plan.tensor(y)], ["dz:" + y], "batch", layer.name))
+        # read only dZ, the gradient before the activation. Where Y's one consumer is a dense layer, its
+        # grad_input writes dz:Y itself (layout.py: act_grad_fused).
+        if y not in plan.act_grad_fused:
+            backward.append(Pass(Kernel(f"activation_grad {c['act']}", "activation_grad.glsl.j2", ("DY", "Y"),
+                                        consts={"act": c["act"], "alpha": c["alpha"]}),
+                                 [dz, plan.tensor(y)], ["dz:" + y], "batch", layer.name))
         dz, c = "dz:" + y, dict(c, act="none")  # the kernels below apply no activation
     # grad_weight sums over the samples: it reads the factor that the weight's texel does not pack
     # with the samples as channels (layout.py), 4 samples a fetch: X of a conv, and dZ of a dense
@@ -115,6 +117,10 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
         backward.append(Pass(kernel("grad_bias", ("DZ",), ("u_batch", "u_loss_scale")), [dz],
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))
     target = grad_target(plan, layer, 0)
-    if target:
+    if target and x in plan.act_grad_fused:  # dX times act'(X) of the layer before: its dZ (see above)
+        act, alpha = plan.act_grad_fused[x]
+        c = dict(c, act=act, alpha=glsl_float(alpha), dact=True)
+        backward += blockable("grad_input", ("DZ", "W", "Y"), (), [dz, w, tx], target, "batch")
+    elif target:
         backward += blockable("grad_input", ("DZ", "W"), (), [dz, w], target, "batch")
     return forward, backward
