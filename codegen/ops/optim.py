@@ -2,6 +2,9 @@
 through multiple render targets into the other half of their ping-pong pairs.
 
 sgd    (gradient inputs), P, M     -> P', M'        (torch.optim.SGD: momentum, dampening, nesterov, weight_decay)
+sgd0   (gradient inputs), P        -> P'            (the same with momentum 0: torch neither reads nor
+                                                     writes the buffer then, so the pass fetches and
+                                                     writes a third less; the runtime picks it by momentum)
 adam   (gradient inputs), P, M, V  -> P', M', V'    (torch.optim.Adam; AdamW with u_decoupled = 1)
 
 The pass also computes the gradient it applies: it includes the parameter's gradient kernel
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from ..kernels import Kernel, Pass
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "sgd0", "adam")
 
 _SGD_UNIFORMS = ("u_lr", "u_momentum", "u_dampening", "u_nesterov", "u_first", "u_wd")
 _ADAM_UNIFORMS = ("u_lr", "u_wd", "u_decoupled", "u_beta1", "u_beta2", "u_eps", "u_step_size", "u_bc2_sqrt")
@@ -24,9 +27,10 @@ def optimizer_pass(opt, name, grad: Pass):
     """The update of parameter `name` by `opt`, computing its gradient as `grad` (a backward pass
     that writes pgrad:name) does, where `grad` runs (the twin of a blocked pass, Pass.blocked)."""
     p, m, v = "param:" + name, "m:" + name, "v:" + name
-    state = [p, m] if opt == "sgd" else [p, m, v]
+    state = {"sgd": [p, m], "sgd0": [p], "adam": [p, m, v]}[opt]
     g = grad.kernel
-    consts = dict(g.consts, gradient=g.template.removesuffix(".glsl.j2"))
-    k = Kernel(f"{opt} {g.name}", f"{opt}.glsl.j2", g.inputs + ("P", "M", "V")[: len(state)], outputs=len(state),
-               uniforms=g.uniforms + (_SGD_UNIFORMS if opt == "sgd" else _ADAM_UNIFORMS), consts=consts)
+    consts = dict(g.consts, gradient=g.template.removesuffix(".glsl.j2"), stateless=opt == "sgd0")
+    k = Kernel(f"{opt} {g.name}", f"{opt.rstrip('0')}.glsl.j2", g.inputs + ("P", "M", "V")[: len(state)],
+               outputs=len(state), uniforms=g.uniforms + (_ADAM_UNIFORMS if opt == "adam" else _SGD_UNIFORMS),
+               consts=consts)
     return [Pass(k, grad.inputs + state, state, "full", name, grad.values, grad.blocked)], state
