@@ -129,16 +129,18 @@ FIT = """
     const x = new Float32Array(args.x);
     const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);
     let calls = 0;
-    const r = await m.fit(x, y, { batchSize: args.batchSize, epochs: args.epochs, shuffle: false,
+    const r = await m.fit(x, y, { batchSize: args.batchSize, epochs: args.epochs, shuffle: args.shuffle, seed: 5,
                                   loss: args.loss, optimizer: args.optimizer, onStep: () => { calls++; } });
     return { loss: r.loss, weights: arr(await m.getWeights()), calls, info: m.info, folded: m.info.foldedTextures };
 """
 
 
 def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_size, epochs, tol_w, tol_loss,
-                   options=None, max_batch=64, seed=7):
+                   options=None, max_batch=64, seed=7, shuffle=False):
     """Train in the page and in PyTorch from the same weights on the same batches; compare the loss
-    of every step and every weight at the end. Returns what the page returned."""
+    of every step and every weight at the end. Returns what the page returned. (With `shuffle` the
+    page draws its own order and PyTorch's batches are unshuffled: only the same where each batch is
+    the whole set.)"""
     torch.manual_seed(seed)
     module = factory()
     url = build_module(site, f"train_{factory.__name__}_{max_batch}", module, shape, max_batch=max_batch)
@@ -152,7 +154,7 @@ def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_
         y_js = y.reshape(-1).tolist()
     cfg = OPTIMIZERS[opt_name]
     got = run_model(web, url, FIT, {"x": x.reshape(-1).tolist(), "y": y_js, "loss": loss, "optimizer": cfg,
-                                    "batchSize": batch_size, "epochs": epochs}, options)
+                                    "batchSize": batch_size, "epochs": epochs, "shuffle": shuffle}, options)
     ref_losses = torch_fit(module, x, y, loss, cfg, batch_size, epochs)
     steps = epochs * -(-samples // batch_size)
     assert len(got["loss"]) == steps and got["calls"] == steps

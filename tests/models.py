@@ -35,6 +35,11 @@ def mlp_45_31_7():
     return nn.Sequential(nn.Linear(45, 31), nn.ReLU(), nn.Linear(31, 7))
 
 
+def mlp_48_31_7():
+    """An input whose texels hold its 48 floats as they are (model.js: isPlainPacking)."""
+    return nn.Sequential(nn.Linear(48, 31), nn.ReLU(), nn.Linear(31, 7))
+
+
 def sample_blocked_mlp():
     """45-200-96-7: the 200->96 layer is past layout.SAMPLE_BLOCK_MIN_MACS, so its forward, grad_input and
     weight gradient compute 8 samples (rows) a fragment from batch 8 on, and its optimizer reads the weight gradient

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from helpers import ONE_STEP, OPTIMIZERS, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_training, run_model, \
     torch_state
-from models import mlp_45_31_7, sample_blocked_mlp
+from models import mlp_45_31_7, mlp_48_31_7, sample_blocked_mlp
 
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_one_step(web, site, opt_name):
@@ -36,6 +36,16 @@ def test_long_trajectory_reads_losses_across_the_ring(web, site):
     # 150 steps: more than two loss-ring readbacks (64 steps each) plus a partial one
     check_training(web, site, mlp_45_31_7, (45,), "adam", "cross_entropy", samples=50, batch_size=1, epochs=3,
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_trajectory_with_an_input_packed_as_it_is(web, site, shuffle):
+    """48 inputs fill their texels with no padding: a batch is uploaded by copying the samples
+    (model.js: isPlainPacking), all at once when they are consecutive, one by one when shuffled.
+    Shuffled, every batch is the whole set (its mean loss and gradient do not depend on the order)."""
+    samples = 16 if shuffle else 50
+    check_training(web, site, mlp_48_31_7, (48,), "adam", "cross_entropy", samples=samples, batch_size=16, epochs=3,
+                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, shuffle=shuffle)
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "sgd_momentum_wd", "adam"])
