@@ -129,7 +129,7 @@ FIT = """
     const x = new Float32Array(args.x);
     const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);
     let calls = 0;
-    const r = await m.fit(x, y, { batchSize: args.batchSize, epochs: args.epochs, shuffle: args.shuffle, seed: 5,
+    const r = await m.fit(x, y, { batchSize: args.batchSize, epochs: args.epochs, shuffle: args.shuffle === true, seed: 5,
                                   loss: args.loss, optimizer: args.optimizer, onStep: () => { calls++; } });
     return { loss: r.loss, weights: arr(await m.getWeights()), calls, info: m.info, folded: m.info.foldedTextures };
 """
