@@ -367,6 +367,29 @@ def page_args(case, fw, url, built, args):
                 optimizer=case["optimizer"])
 
 
+# After a page has loaded, Chromium keeps working for a second or two (post-load housekeeping in the
+# browser and renderer processes): a measurement started at once competes with it for the 2 cores.
+# In a fresh page texelfit's first window of 50 steps at batch 1 ran at 2.1-2.7 ms a step where the
+# later ones ran at 1.4; with the page left to settle for 3 s first, the first ran at 1.4-1.9.
+SETTLE_CORES, SETTLE_SPAN, SETTLE_MAX = 0.15, 0.5, 5.0
+
+
+def settle():
+    """Wait (at most SETTLE_MAX s) until this process tree (Playwright, Chromium) has used under
+    SETTLE_CORES cores for SETTLE_SPAN s; returns the seconds waited."""
+    hz = os.sysconf("SC_CLK_TCK")
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < SETTLE_MAX:
+            a, ta = _my_tree_ticks(), time.monotonic()
+            time.sleep(SETTLE_SPAN)
+            if (_my_tree_ticks() - a) / hz / (time.monotonic() - ta) < SETTLE_CORES:
+                break
+    except OSError:  # no /proc: nothing to wait for
+        pass
+    return time.monotonic() - t0
+
+
 def run_in_page(browser, url, case, fw, built, args, extra=None):
     page_name = "texelfit" if fw == "texelfit" else "tfjs"
     ctx = browser.new_context()
@@ -377,10 +400,12 @@ def run_in_page(browser, url, case, fw, built, args, extra=None):
     try:
         page.goto(f"{url}/pages/{page_name}.html")
         page.wait_for_function("window.benchReady === true", timeout=60_000)
+        settled_s = settle()
         fn = "predict" if case["optimizer"] is None else "train"
         c0 = cpu_sample()  # the page's renderer is alive from here until ctx.close()
         result = page.evaluate(f"(a) => window.bench.{fn}(a)", {**page_args(case, fw, url, built, args), **(extra or {})})
         result["foreignCores"] = foreign_cores(c0, cpu_sample())
+        result["settledS"] = settled_s
     except Exception as e:  # recorded, the run goes on
         result = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
     finally:
