@@ -367,10 +367,8 @@ def page_args(case, fw, url, built, args):
                 optimizer=case["optimizer"])
 
 
-# After a page has loaded, Chromium keeps working for a second or two (post-load housekeeping in the
-# browser and renderer processes): a measurement started at once competes with it for the 2 cores.
-# In a fresh page texelfit's first window of 50 steps at batch 1 ran at 2.1-2.7 ms a step where the
-# later ones ran at 1.4; with the page left to settle for 3 s first, the first ran at 1.4-1.9.
+# After a page has loaded, Chromium keeps working for a second or so: a measurement started at once
+# competes with it for the 2 cores (bench/README.md, "How it is timed", has the numbers).
 SETTLE_CORES, SETTLE_SPAN, SETTLE_MAX = 0.15, 0.5, 5.0
 
 
