@@ -69,8 +69,10 @@ class Pass:
 def _env() -> jinja2.Environment:
     loader = jinja2.FunctionLoader(lambda name: (resources.files("texelfit.runtime_template")
                                                  .joinpath(name).read_text(encoding="utf-8"), None, lambda: True))
-    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, trim_blocks=True,
-                              lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+    env = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+    env.filters["glsl_float"] = glsl_float
+    return env
 
 
 def template_env() -> jinja2.Environment:

@@ -30,7 +30,7 @@ def _js_json(obj) -> str:
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
                   default_loss: str, weights: Quantized | None = None) -> dict:
     """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given."""
-    kernels, sched = serialize(schedule, list(plan.textures))
+    kernels, sched, elementwise = serialize(schedule, list(plan.textures))
     if weights is None:
         weights = quantize(graph, "none")
     assert [t.name for t in weights.tensors] == list(graph.params), "the blob must hold the graph's params in order"
@@ -73,6 +73,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "model_json": _js_json(model),
         "textures_json": _js_json(textures),
         "kernels_json": _js_json(kernels),
+        "elementwise": elementwise,
+        # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
+        "cpu_kernels": sorted({k["template"] for k in kernels}),
         "glsl_common_json": _js_json(render_common()),
         "schedule_json": _js_json(sched),
         "model_version": VERSION,

@@ -54,14 +54,18 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
         s.forward += ops.forward(layer, graph, plan)
     for layer in reversed(graph.layers):
         out = layer.outputs[0]
+        if out not in plan.needs_grad:  # nothing it reads needs a gradient (or the loss reads its input)
+            continue
         if out in plan.grad_sums:  # every consumer has contributed: add them up
             s.backward.append(ops.grad_sum(out, plan.grad_sums[out], plan))
         s.backward += ops.backward(layer, graph, plan)
 
-    out_spec: TextureSpec = tex[plan.tensor(graph.output)]
+    out_spec: TextureSpec = tex[plan.tensor(graph.loss_input())]
     for loss in ops.LOSSES:
         if loss == "cross_entropy" and len(graph.output_shape) != 1:
             continue  # class logits only
+        if loss == "mse" and graph.loss_input() != graph.output:
+            continue  # a softmax output trains on its logits, by cross_entropy
         s.loss[loss] = ops.loss_passes(loss, out_spec, plan.grad_targets[("<loss>", 0)])
 
     # the passes writing each parameter's gradient: one, or a one-sample pass and a blocked twin's
@@ -91,17 +95,22 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
 MAX_INPUTS = 15
 
 
-def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict]:
+def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict, list[dict]]:
     """Kernels deduplicated by source hash, and the schedule referring to them by index, and to
     the textures by their index in `textures` (the bundle's TEXTURES: names are long, and every
-    pass lists several)."""
+    pass lists several); and the JavaScript twins of the elementwise expressions the kernels use
+    (ops/elementwise.py: functions), once each, for the bundle's ELEMENTWISE table."""
     kernels: list[dict] = []
     index: dict[str, int] = {}
     tex = {name: i for i, name in enumerate(textures)}
+    functions: dict[str, dict] = {}
 
     def kernel_ref(k: Kernel) -> int:
         src = render_kernel(k)
         sid = source_id(src)
+        if "fn" in k.consts:
+            functions.setdefault(k.consts["fn"], {"id": k.consts["fn"], "args": k.consts["js_args"],
+                                                  "f": k.consts["js_f"], "d": k.consts["js_d"]})
         if sid not in index:
             index[sid] = len(kernels)
             # template and consts let the CPU backend run the same kernel (runtime/cpu.js.j2)
@@ -124,12 +133,13 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
         "swaps": {k: [tex[n] for n in v] for k, v in schedule.swaps.items()},
         "trainBackward": schedule.train_backward,
     }
-    return kernels, data
+    return kernels, data, sorted(functions.values(), key=lambda f: f["id"])
 
 
 def _json_consts(consts: dict) -> dict:
-    """The kernel's constants as plain JSON values (GLSL-formatted floats stay strings)."""
-    return {k: v for k, v in sorted(consts.items()) if k != "kernel"}
+    """The kernel's constants as plain JSON values (GLSL-formatted floats stay strings), without the
+    rendered expressions (glsl_* are in the source, js_* in the ELEMENTWISE table)."""
+    return {k: v for k, v in sorted(consts.items()) if k != "kernel" and not k.startswith(("glsl_", "js_"))}
 
 
 __all__ = ["Pass", "Schedule", "build_schedule", "serialize"]

@@ -1,5 +1,9 @@
 """Fuse an activation into the conv or dense layer that feeds it, where that removes a pass.
 
+Only an activation whose derivative reads its output alone (`Elementwise.fusable`: relu, sigmoid,
+clip, ...) fuses: the backward then has the layer's output Y and no longer its input. HardSwish,
+SiLU, softplus and the like keep a pass of their own.
+
 The producer's output must have no other consumer and must not be the model's
 output; the fused layer then writes the activation's output tensor. Takes and
 returns the IR.
@@ -8,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .ir import ACTIVATIONS, Graph
+from .elementwise import UNARY
+from .ir import Graph
 
 
 def fuse_activations(graph: Graph) -> Graph:
@@ -16,9 +21,9 @@ def fuse_activations(graph: Graph) -> Graph:
     for layer in graph.layers:
         x = layer.inputs[0] if layer.inputs else None
         prev = next((l for l in out if x in l.outputs), None)
-        if (layer.op in ACTIVATIONS and prev is not None and prev.op in ("dense", "conv") and "act" not in prev.attrs
+        if (layer.op in UNARY and UNARY[layer.op].fusable and prev is not None and prev.op in ("dense", "conv") and "act" not in prev.attrs
                 and x != graph.output and len(graph.consumers(x)) == 1):
-            attrs = dict(prev.attrs, act=layer.op, **({"alpha": layer.attrs["alpha"]} if "alpha" in layer.attrs else {}))
+            attrs = dict(prev.attrs, act=layer.op, act_attrs=dict(layer.attrs))
             out[out.index(prev)] = dataclasses.replace(prev, outputs=list(layer.outputs), attrs=attrs,
                                                        name=f"{prev.name}+{layer.name}")
             continue

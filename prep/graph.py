@@ -11,15 +11,24 @@ import json
 
 import numpy as np
 
+from . import elementwise as ew
+from .elementwise import BY_ONNX
 from .ir import Graph, Layer, Param
-from .load import TRANSPOSED_KEY, BuildError, initializer_arrays
+from .load import PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, initializer_arrays
 
 N = "N"  # the batch dimension in symbolic shape values
 
-SUPPORTED_OPS = ("Gemm", "MatMul", "Conv", "BatchNormalization", "Add", "Concat", "Relu", "LeakyRelu", "Sigmoid",
-                 "Tanh", "MaxPool", "AveragePool", "GlobalAveragePool", "ReduceMean", "Flatten", "Reshape",
-                 "Identity", "Dropout", "Constant", "Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast",
-                 "Slice")
+SUPPORTED_OPS = tuple(dict.fromkeys(
+    ("Gemm", "MatMul", "Conv", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
+     "ReduceMean", "Flatten", "Reshape", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather",
+     "Unsqueeze", "Squeeze", "Cast", "Slice") + tuple(BY_ONNX)))
+# ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
+MODULE_HINTS = {"LayerNormalization": "nn.LayerNorm", "InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
+                "GroupNormalization": "nn.GroupNorm", "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN",
+                "Gelu": "nn.GELU", "ConvTranspose": "nn.ConvTranspose2d", "Resize": "nn.Upsample",
+                "Upsample": "nn.Upsample", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
+                "Pad": "nn.ZeroPad2d / F.pad", "Transpose": "Tensor.permute / transpose",
+                "ReduceSum": "Tensor.sum", "ReduceMax": "Tensor.amax"}
 SHAPE_ONLY = ("Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "Slice")  # only on constants / shape values
 
 
@@ -100,7 +109,10 @@ def to_ir(model, input_shape=None) -> Graph:
     initializer_names = {init.name for init in g.initializer}
     meta = {p.key: p.value for p in model.metadata_props}
     stored_transposed = set(json.loads(meta.get(TRANSPOSED_KEY, "[]")))
+    trainable_names = set(json.loads(meta.get(PARAMETERS_KEY, "[]")))
+    state_shapes = json.loads(meta.get(STATE_SHAPES_KEY, "{}"))
     uses: dict[str, int] = {}
+    _check_supported(g, consts)
 
     def act(name):  # an activation tensor (not a constant), following aliases
         name = alias.get(name, name)
@@ -131,6 +143,8 @@ def to_ir(model, input_shape=None) -> Graph:
         if matmul_layout:
             transposed = source not in stored_transposed
             arr = arr if transposed else arr.T
+        elif source in state_shapes:  # the state_dict tensor, exported in another shape (load.STATE_SHAPES_KEY)
+            arr = arr.reshape(state_shapes[source])
         params[name] = Param(name, np.ascontiguousarray(arr), transposed)
         return name
 
@@ -138,9 +152,6 @@ def to_ir(model, input_shape=None) -> Graph:
         op, a = node.op_type, _attrs(node)
         ins = list(node.input)
         out = node.output[0] if node.output else None
-        if op not in SUPPORTED_OPS:
-            raise BuildError(f"unsupported ONNX op {op} at node {node.name or '(unnamed)'!r}; "
-                             f"supported ops: {', '.join(dict.fromkeys(SUPPORTED_OPS))}")
 
         # ---- constants and symbolic shape values -------------------------------------------------
         if op == "Constant":
@@ -219,31 +230,30 @@ def to_ir(model, input_shape=None) -> Graph:
             layers.append(Layer("batchnorm", node.name, [x], [out], dict(stats, eps=float(a.get("epsilon", 1e-5)))))
             shapes[out] = shapes[x]
             continue
-        if op == "Add":
-            xs = [i for i in ins if i not in consts]
-            cs = [i for i in ins if i in consts]
-            if len(xs) == 2:
-                x0, x1 = act(xs[0]), act(xs[1])
-                if shapes[x0] != shapes[x1]:
-                    raise BuildError(f"{_where(node)}: Add of shapes {shapes[x0]} and {shapes[x1]} "
-                                     "(broadcasting is not supported)")
-                layers.append(Layer("add", node.name, [x0, x1], [out]))
-                shapes[out] = shapes[x0]
+        if op == "Add" and len([i for i in ins if i not in consts]) == 1:
+            # a bias vector added to a MatMul output (Linear without Gemm): the dense layer's bias
+            x = act(next(i for i in ins if i not in consts))
+            c = next(i for i in ins if i in consts)
+            prod = next((l for l in layers if x in l.outputs), None)
+            bias = consts[c]
+            if (prod is not None and prod.op == "dense" and "bias" not in prod.params
+                    and c in initializer_names and np.size(bias) == shapes[x][0] and np.ndim(bias) <= 2
+                    and len([n for n in g.node if x in n.input]) == 1):
+                b = param(node, ins.index(c))
+                params[b].array = params[b].array.reshape(-1)
+                prod.params["bias"] = b
+                alias[out] = x
                 continue
-            if len(xs) == 1 and len(cs) == 1:
-                x = act(xs[0])
-                prod = next((l for l in layers if x in l.outputs), None)
-                bias = consts[cs[0]]
-                if (prod is not None and prod.op == "dense" and "bias" not in prod.params
-                        and cs[0] in initializer_names and np.size(bias) == shapes[x][0]
-                        and np.ndim(bias) <= 2 and len([n for n in g.node if x in n.input]) == 1):
-                    b = param(node, ins.index(cs[0]))
-                    params[b].array = params[b].array.reshape(-1)
-                    prod.params["bias"] = b
-                    alias[out] = x
-                    continue
-            raise BuildError(f"{_where(node)}: only Add of two tensors of one shape, or of a bias vector to a "
-                             "MatMul output, is supported")
+        if op == "Mul" and _is_silu(node, ins, layers, g):  # x * sigmoid(x): nn.SiLU
+            sig = next(l for l in layers if l.op == "sigmoid" and l.outputs[0] in (alias.get(t, t) for t in ins))
+            layers.remove(sig)
+            layers.append(Layer("silu", node.name, list(sig.inputs), [out]))
+            shapes[out] = shapes[sig.inputs[0]]
+            continue
+        if op in BY_ONNX:
+            layers.append(_elementwise(node, a, ins, consts, shapes, act, param, initializer_names,
+                                       trainable_names))
+            continue
         if op == "Concat":
             xs = [act(i) for i in ins]
             rank = len(shapes[xs[0]])
@@ -255,11 +265,14 @@ def to_ir(model, input_shape=None) -> Graph:
             layers.append(Layer("concat", node.name, xs, [out]))
             shapes[out] = (sum(shapes[t][0] for t in xs),) + shapes[xs[0]][1:]
             continue
-        if op in ("Relu", "LeakyRelu", "Sigmoid", "Tanh"):
+        if op in ("Softmax", "LogSoftmax"):
             x = act(ins[0])
-            name = {"Relu": "relu", "LeakyRelu": "leaky_relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}[op]
-            attrs = {"alpha": float(a.get("alpha", 0.01))} if op == "LeakyRelu" else {}
-            layers.append(Layer(name, node.name, [x], [out], attrs))
+            rank = len(shapes[x]) + 1
+            axis = a.get("axis", -1)
+            if rank not in (2, 4) or axis % rank != 1:
+                raise BuildError(f"{_where(node)}: {op} over axis {axis} of a tensor of per-sample shape "
+                                 f"{shapes[x]}: only over the channel (class) axis of (C,) or (C, H, W) data")
+            layers.append(Layer("softmax" if op == "Softmax" else "log_softmax", node.name, [x], [out]))
             shapes[out] = shapes[x]
             continue
         if op in ("MaxPool", "AveragePool"):
@@ -344,6 +357,16 @@ def _check_reshape_2d(node, target, in_shape):
     raise BuildError(f"{_where(node)}: reshape to {target} is not supported (only to (batch, {size}))")
 
 
+def _int_div(x, y):
+    return x // y if np.issubdtype(x.dtype, np.integer) and np.issubdtype(y.dtype, np.integer) else x / y
+
+
+# elementwise ops on constants (of the exporter's shape arithmetic, or folded weights)
+_NUMPY_FOLD = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _int_div, "Neg": np.negative,
+               "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Abs": np.abs, "Reciprocal": np.reciprocal,
+               "Pow": np.power}
+
+
 def _fold(node, op, a, vals):
     """Evaluate a node whose inputs are all constants; symbolic lists hold "N"."""
     def listify(v):
@@ -385,8 +408,123 @@ def _fold(node, op, a, vals):
             return np.asarray(data)[tuple(sl)]
         if op in ("Identity", "Dropout"):
             return vals[0]
+        if op in _NUMPY_FOLD and not any(isinstance(v, list) for v in vals):
+            return _NUMPY_FOLD[op](*[np.asarray(v) for v in vals if v is not None])
         if op == "Reshape" and not isinstance(vals[0], list):
             return np.reshape(vals[0], np.asarray(vals[1]).astype(int))
     except (IndexError, TypeError, ValueError) as e:
         raise BuildError(f"{_where(node)}: cannot evaluate constant subgraph: {e}") from None
     raise BuildError(f"{_where(node)}: {op} on constants only is not supported")
+
+
+def _check_supported(g, consts) -> None:
+    """Fail on every ONNX op the IR cannot take, all of them in one message, each with its nodes and the
+    PyTorch module it comes from where that is one a user would know."""
+    bad: dict[str, list[str]] = {}
+    for node in g.node:
+        if node.op_type not in SUPPORTED_OPS:
+            bad.setdefault(node.op_type, []).append(node.name or "(unnamed)")
+    if not bad:
+        return
+    parts = []
+    for op, nodes in bad.items():
+        hint = f" (from {MODULE_HINTS[op]})" if op in MODULE_HINTS else ""
+        shown = ", ".join(repr(n) for n in nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        parts.append(f"{op}{hint} at node{'s' if len(nodes) > 1 else ''} {shown}")
+    raise BuildError(f"unsupported ONNX op{'s' if len(bad) > 1 else ''} {'; '.join(parts)}; "
+                     f"supported ops: {', '.join(SUPPORTED_OPS)}")
+
+
+def _is_silu(node, ins, layers, g) -> bool:
+    """Mul(x, Sigmoid(x)) where the sigmoid is read by nothing else: nn.SiLU's export."""
+    if len(ins) != 2:
+        return False
+    for i, j in ((0, 1), (1, 0)):
+        sig = next((l for l in layers if l.op == "sigmoid" and l.outputs[0] == ins[j]), None)
+        if sig is not None and sig.inputs[0] == ins[i] and sum(ins[j] in n.input for n in g.node) == 1 \
+                and sum(t == ins[j] for t in node.input) == 1:
+            return True
+    return False
+
+
+def _broadcast_shapes(node, full: list[tuple]) -> tuple[int, ...]:
+    """ONNX multidirectional broadcasting of full shapes (batch axis first, "N" for activations)."""
+    rank = max(len(s) for s in full)
+    out = []
+    for axis in range(rank):
+        dims = {s[axis - rank + len(s)] if axis - rank + len(s) >= 0 else 1 for s in full} - {1}
+        if len(dims) > 1:
+            raise BuildError(f"{_where(node)}: shapes {[list(s) for s in full]} do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def _elementwise(node, a, ins, consts, shapes, act, param, initializer_names, trainable_names) -> Layer:
+    """An elementwise layer (prep/elementwise.py) from its ONNX node: the declaration's attributes, its
+    operands (activations, constants baked into the kernel, or trainable parameters: an initializer that
+    is an nn.Parameter, such as a layer scale, or a PRelu slope) broadcast to the output's shape."""
+    decl = BY_ONNX[node.op_type]
+    out = node.output[0]
+    attrs = {k: a[k] for k in decl.attrs if k in a}
+    if decl.arity == 1:
+        if decl.name == "clip" and len(ins) > 1:  # opset 11+: min and max are (optional) inputs
+            for k, i in (("min", 1), ("max", 2)):
+                if len(ins) > i and ins[i]:
+                    if ins[i] not in consts:
+                        raise BuildError(f"{_where(node)}: Clip with a {k} computed from activations is not supported")
+                    attrs[k] = float(np.asarray(consts[ins[i]]).reshape(-1)[0])
+        if decl.name == "pow":
+            e = np.asarray(consts.get(ins[1], np.zeros(2)))
+            if ins[1] not in consts or e.size != 1:
+                raise BuildError(f"{_where(node)}: Pow is supported with a constant scalar exponent only")
+            attrs["exponent"] = float(e.reshape(-1)[0])
+        x = act(ins[0])
+        shapes[out] = shapes[x]
+        return Layer(decl.name, node.name, [x], [out], ew.layer_attrs(decl, attrs))
+
+    operand_ins = ins[:2]
+    full = []
+    for t in operand_ins:
+        if t in consts:
+            full.append(tuple(np.shape(consts[t])))
+        else:
+            full.append((N,) + tuple(shapes[act(t)]))
+    if all(t in consts for t in operand_ins):
+        raise BuildError(f"{_where(node)}: {node.op_type} of two constants cannot be evaluated")
+    out_full = _broadcast_shapes(node, full)
+    if out_full[0] != N:
+        raise BuildError(f"{_where(node)}: a constant operand of shape {[list(s) for s in full]} has a batch "
+                         "axis of its own")
+    out_shape = tuple(int(d) for d in out_full[1:])
+    rank = len(out_shape)
+    operands, inputs, roles = [], [], {}
+    for slot, (t, s) in enumerate(zip(operand_ins, full)):
+        padded = (1,) * (len(out_full) - len(s)) + tuple(s)
+        per_sample = [int(d) if d != N else d for d in padded[1:]]
+        if per_sample != list(out_shape) and rank not in (1, 3):
+            raise BuildError(f"{_where(node)}: broadcasting over a per-sample shape of rank {rank} "
+                             f"({list(out_shape)} and {per_sample}) is not supported")
+        if t not in consts:
+            x = act(t)
+            if len(shapes[x]) != rank:
+                raise BuildError(f"{_where(node)}: {node.op_type} of activations of per-sample shapes "
+                                 f"{list(shapes[x])} and {list(out_shape)}: broadcasting across ranks is not supported")
+            operands.append({"kind": "act", "input": len(inputs), "shape": per_sample})
+            inputs.append(x)
+            continue
+        trainable = t in initializer_names and (decl.name == "prelu" or t in trainable_names)
+        if trainable:
+            role = "slope" if decl.name == "prelu" else f"operand{slot}"
+            roles[role] = param(node, slot)
+            operands.append({"kind": "param", "role": role, "shape": per_sample})
+        else:
+            values = np.asarray(consts[t], dtype=np.float64).reshape(-1)
+            if values.size > 4096:
+                raise BuildError(f"{_where(node)}: a constant operand of {values.size} values; at most 4096 are "
+                                 "baked into a kernel")
+            operands.append({"kind": "const", "shape": per_sample,
+                             "values": [float(np.float32(v)) for v in values]})
+    if not inputs:
+        raise BuildError(f"{_where(node)}: no activation operand")
+    shapes[out] = out_shape
+    return Layer(decl.name, node.name, inputs, [out], dict(ew.layer_attrs(decl, attrs), operands=operands), roles)

@@ -10,15 +10,24 @@ Ops, grouped:
                conv         y = act(conv2d(x, W) + b)          weight [OC, IC/groups, KH, KW], bias [OC]
                             attrs: kernel, strides, pads (top, left, bottom, right), dilations, groups
   folded away  batchnorm    inference form; `prep.fold` folds it into the conv/dense before it
-  elementwise  relu, leaky_relu(alpha), sigmoid, tanh
+  elementwise  every op of prep/elementwise.py: unary (relu, clip, hardswish, exp, ...: ACTIVATIONS) and
+               binary (add, sub, mul, div, prelu: BINARY) with ONNX broadcasting; attrs: the op's
+               attributes, and `operands` (see below)
+  normalising  softmax, log_softmax   over the channel axis (the class axis of (F,) data)
   pooling      maxpool      attrs: kernel, strides, pads, ceil_mode
                avgpool      attrs: kernel, strides, pads, ceil_mode, count_include_pad
                global_avgpool   mean over H, W; attrs: keepdims
-  merging      add          two tensors of one shape
-               concat       on the channel axis
+  merging      concat       on the channel axis
   layout       flatten      (C, H, W) -> (C*H*W,) in PyTorch's order; on dense data a no-op
 
-`dense` and `conv` may carry a fused activation (`attrs["act"]`), set by `prep.fuse`.
+`dense` and `conv` may carry a fused activation (`attrs["act"]`, with its attributes in
+`attrs["act_attrs"]`), set by `prep.fuse`.
+
+An elementwise layer's `attrs["operands"]` lists, per operand of its expression, where it comes
+from: {"kind": "act", "input": k} (layer.inputs[k]), {"kind": "const", "values": [...]} (baked into
+the kernel) or {"kind": "param", "role": r} (layer.params[r], trainable), each with its per-sample
+`shape` after ONNX broadcasting to the output's rank: (C, H, W) or (F,), each axis the output's or 1
+(a const or param has no batch axis). Without `operands`, operand i is layer.inputs[i] at full shape.
 """
 from __future__ import annotations
 
@@ -26,9 +35,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-ACTIVATIONS = ("relu", "leaky_relu", "sigmoid", "tanh")
+from .elementwise import BINARY, UNARY
+
+ACTIVATIONS = tuple(UNARY)
+ELEMENTWISE = ACTIVATIONS + tuple(BINARY)
 POOLS = ("maxpool", "avgpool", "global_avgpool")
-OPS = ("dense", "conv", "batchnorm", "flatten", "add", "concat") + ACTIVATIONS + POOLS
+SOFTMAX = ("softmax", "log_softmax")
+OPS = ("dense", "conv", "batchnorm", "flatten", "concat") + ELEMENTWISE + POOLS + SOFTMAX
 
 
 @dataclass
@@ -77,6 +90,15 @@ class Graph:
     def output_shape(self) -> tuple[int, ...]:
         return self.shapes[self.output]
 
+    def loss_input(self) -> str:
+        """The tensor the losses read: the output, or for a model ending in softmax or log_softmax over
+        its classes the logits entering it (cross_entropy of those is what CrossEntropyLoss of the
+        logits, or NLLLoss of the log-probabilities, computes)."""
+        last = next((layer for layer in self.layers if self.output in layer.outputs), None)
+        if last is not None and last.op in SOFTMAX and len(self.output_shape) == 1:
+            return last.inputs[0]
+        return self.output
+
     def consumers(self, tensor: str) -> list[Layer]:
         return [layer for layer in self.layers if tensor in layer.inputs]
 
@@ -99,3 +121,10 @@ class Graph:
             if layer.params or any(t in out for t in layer.inputs):
                 out.update(layer.outputs)
         return out
+
+
+def operands(layer: Layer, graph: Graph) -> list[dict]:
+    """The operands of an elementwise layer (see the module docstring)."""
+    if "operands" in layer.attrs:
+        return layer.attrs["operands"]
+    return [{"kind": "act", "input": i, "shape": list(graph.shapes[t])} for i, t in enumerate(layer.inputs)]

@@ -56,7 +56,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .ir import Graph
+from .elementwise import passes_gradient
+from .ir import ELEMENTWISE, Graph, operands
 
 LOSS_RING = 64  # steps of mean loss kept on the GPU between asynchronous readbacks
 WEBGL2_MIN_TEXTURE_SIZE = 2048  # every WebGL2 device supports at least this
@@ -249,8 +250,8 @@ class LayoutPlan:
     needs_grad: set[str]
     # tensors X = act(Z) of a dense or conv layer with a fused activation whose one consumer is a dense
     # layer: its grad_input writes dz:X, the gradient before the activation, itself (times act'(X)),
-    # and the producer has no activation_grad pass (one pass a step fewer). X -> (act, alpha)
-    act_grad_fused: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # and the producer has no activation_grad pass (one pass a step fewer). X -> (act, its attrs)
+    act_grad_fused: dict[str, tuple[str, dict]] = field(default_factory=dict)
 
     def tensor(self, name: str) -> str:
         """The activation texture holding tensor `name`."""
@@ -262,6 +263,20 @@ class LayoutPlan:
 
     def total_bytes(self) -> int:
         return sum(t.bytes for t in self.textures.values())
+
+
+def operand_of_input(layer, k: int, graph: Graph) -> tuple[int, dict]:
+    """(slot, operand) of an elementwise layer's input k."""
+    return next((i, o) for i, o in enumerate(operands(layer, graph)) if o["kind"] == "act" and o["input"] == k)
+
+
+def shares_gradient(layer, k: int, graph: Graph) -> bool:
+    """Whether input k of `layer` has the gradient of its output as it is (an operand of an add or the
+    first of a sub, of the output's shape): its backward writes nothing, the texture is shared."""
+    if layer.op not in ELEMENTWISE:
+        return False
+    slot, o = operand_of_input(layer, k, graph)
+    return passes_gradient(layer.op, slot) and tuple(o["shape"]) == tuple(graph.shapes[layer.outputs[0]])
 
 
 def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
@@ -288,6 +303,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
                         ceil_div(c, rows_of) * rows_of * h))
 
     needs = graph.needs_grad()
+    if graph.loss_input() != graph.output:  # the loss reads the logits before the softmax: no gradient after them
+        needs.discard(graph.output)
     act_alias: dict[str, str] = {}
     per_sample("act:" + graph.input, "activation", graph.input)
     for layer in graph.layers:
@@ -319,25 +336,26 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     grad_targets: dict[tuple[str, int], str] = {}
     grad_sums: dict[str, list[str]] = {}
     grad_alias: dict[str, str] = {}
-    act_grad_fused: dict[str, tuple[str, float]] = {}
+    act_grad_fused: dict[str, tuple[str, dict]] = {}
     for layer in reversed(graph.layers):
         out = layer.outputs[0]
         if out not in needs:
             continue
-        uses = [(c, i) for c in graph.layers for i, t in enumerate(c.inputs) if t == out]
-        if out == graph.output:
+        uses = [(c, i) for c in graph.layers for i, t in enumerate(c.inputs) if t == out and c.outputs[0] in needs]
+        if out == graph.loss_input():
             uses = [("<loss>", 0)] + uses
         contributions = []
         for k, (consumer, slot) in enumerate(uses):
             cname = consumer if isinstance(consumer, str) else consumer.name
-            if not isinstance(consumer, str) and (consumer.op == "add" or flattens_in_place(consumer, graph)):
+            if not isinstance(consumer, str) and (shares_gradient(consumer, slot, graph)
+                                                  or flattens_in_place(consumer, graph)):
                 contributions.append(grad_alias.get(consumer.outputs[0], "grad:" + consumer.outputs[0]))
                 continue
             target = "grad:" + out if len(uses) == 1 else f"grad:{out}@{k}"
             if len(uses) == 1 and consumer != "<loss>" and consumer.op == "dense" and \
                     layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
                 target = "dz:" + out
-                act_grad_fused[out] = (layer.attrs["act"], layer.attrs.get("alpha", 0.0))
+                act_grad_fused[out] = (layer.attrs["act"], layer.attrs.get("act_attrs", {}))
             grad_targets[(cname, slot)] = target
             contributions.append(target)
             per_sample(target, "gradient", out)
@@ -357,6 +375,10 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         if role == "bias":
             packing = matrix_packing(1, p.array.size)
             height = 1
+        elif layer.op in ELEMENTWISE:  # an operand (a PRelu slope, a layer scale): one sample of its shape
+            shape = next(o["shape"] for o in operands(layer, graph) if o.get("role") == role)
+            packing = activation_packing(tuple(shape), 1)
+            height = packing.rows
         elif layer.op == "conv":
             packing = conv_weight_packing(*p.array.shape)
             height = packing.rows
@@ -376,7 +398,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
 
     labels = matrix_packing(max_batch, 1)
     add(TextureSpec("labels", "labels", (max_batch,), labels, max_batch, 1))
-    per_sample("targets", "targets", graph.output)
+    per_sample("targets", "targets", graph.loss_input())
     ring = matrix_packing(1, 4 * LOSS_RING)
     add(TextureSpec("loss", "loss", (LOSS_RING,), ring, 1))
     return LayoutPlan(textures, act_alias, grad_targets, grad_sums, grad_alias, needs, act_grad_fused)

@@ -59,7 +59,20 @@ def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
 def export_simplified(module, input_shape):
     """Export, simplify, and give folded weights back their state_dict names."""
     state = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
-    return restore_state_dict_names(simplify(export_module(module, input_shape)), state)
+    model = restore_state_dict_names(simplify(export_module(module, input_shape)), state)
+    _set_meta(model, PARAMETERS_KEY, sorted(n for n, _ in module.named_parameters()))
+    return model
+
+
+def _set_meta(model, key: str, value) -> None:
+    import json
+
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = json.dumps(value)
+            return
+    prop = model.metadata_props.add()
+    prop.key, prop.value = key, json.dumps(value)
 
 
 def _need_shape(input_shape, source):
@@ -169,22 +182,55 @@ def export_module(module, input_shape: tuple[int, ...]):
     return onnx.load_from_string(buf.getvalue())
 
 
+# onnxsim's optimizers that would change what a parameter is: merging equal tensors, and folding a
+# multiplication (or a product, or a sum) into a conv's weights
+_KEPT_APART = ("eliminate_duplicate_initializer", "fuse_mul_into_conv", "fuse_preceding_mul_into_conv",
+               "fuse_matmul_into_conv", "fuse_reduce_sum_into_conv", "fuse_consecutive_mul")
+
+
 def simplify(model):
     import onnxsim
 
     try:
-        # Batch-norm is folded by prep.fold (which keeps the conv's names), and equal initializers
-        # stay separate parameters.
-        simplified, ok = onnxsim.simplify(model, skip_fuse_bn=True,
-                                          skipped_optimizers=["eliminate_duplicate_initializer"])
+        # Batch-norm is folded by prep.fold (which keeps the conv's names), equal initializers stay
+        # separate parameters, and no scale is multiplied into a conv's weights (its weights would no
+        # longer be the state_dict's, nor train as they do in PyTorch).
+        simplified, ok = onnxsim.simplify(model, skip_fuse_bn=True, skipped_optimizers=list(_KEPT_APART))
     except Exception as e:
         raise BuildError(f"onnxsim failed: {' '.join(str(e).split())[:400]}") from None
     if not ok:
         raise BuildError("onnxsim could not validate the simplified model")
-    return simplified
+    return _constants_as_initializers(simplified)
+
+
+def _constants_as_initializers(model):
+    """Float tensors of Constant nodes become initializers. onnxsim sometimes leaves a folded weight as a
+    Constant node (a conv's weight and bias, in some graphs with elementwise ops); as an initializer it is
+    a weight the IR takes, and restore_state_dict_names gives it back its state_dict name."""
+    from onnx import TensorProto
+
+    keep = []
+    for node in model.graph.node:
+        attr = node.attribute[0] if node.op_type == "Constant" and len(node.attribute) == 1 else None
+        if attr is not None and attr.name == "value" and attr.t.data_type == TensorProto.FLOAT and attr.t.dims:
+            tensor = attr.t
+            tensor.name = node.output[0]
+            model.graph.initializer.append(tensor)
+            continue
+        keep.append(node)
+    if len(keep) != len(model.graph.node):
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return model
 
 
 TRANSPOSED_KEY = "texelfit.transposed_initializers"
+# The state_dict names that are nn.Parameters (not buffers): an initializer operand of an elementwise
+# op (a layer scale) is trainable when it is one of them, a constant otherwise (prep/graph.py)
+PARAMETERS_KEY = "texelfit.parameters"
+# Initializers that hold their state_dict tensor in another shape of the same values (a PReLU slope
+# [C] exported as [C, 1, 1]): name -> the state_dict shape, which getWeights reports
+STATE_SHAPES_KEY = "texelfit.state_shapes"
 
 
 def restore_state_dict_names(model, state: dict[str, np.ndarray]):
@@ -199,6 +245,7 @@ def restore_state_dict_names(model, state: dict[str, np.ndarray]):
     taken = {n for n in arrays if n in state}
     renames: dict[str, str] = {}
     transposed: list[str] = []
+    reshaped: dict[str, list[int]] = {}
     for name, arr in arrays.items():
         if name in state or arr.dtype != np.float32 or arr.ndim == 0:
             continue
@@ -210,6 +257,10 @@ def restore_state_dict_names(model, state: dict[str, np.ndarray]):
             elif ref.ndim == 2 and ref.T.shape == arr.shape and np.array_equal(ref.T, arr):
                 renames[name] = key
                 transposed.append(key)
+            elif ref.size == arr.size > 1 and [d for d in ref.shape if d != 1] == [d for d in arr.shape if d != 1] \
+                    and np.array_equal(ref.reshape(-1), arr.reshape(-1)):
+                renames[name] = key
+                reshaped[key] = list(ref.shape)
             else:
                 continue
             taken.add(key)
@@ -229,6 +280,8 @@ def restore_state_dict_names(model, state: dict[str, np.ndarray]):
     if transposed:
         prop = model.metadata_props.add()
         prop.key, prop.value = TRANSPOSED_KEY, json.dumps(sorted(transposed))
+    if reshaped:
+        _set_meta(model, STATE_SHAPES_KEY, dict(sorted(reshaped.items())))
     return model
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .ir import ACTIVATIONS, POOLS, Graph, Layer
+from .ir import ELEMENTWISE, POOLS, SOFTMAX, Graph, Layer, operands
 from .load import BuildError
 
 
@@ -170,18 +170,25 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
         elif layer.op == "flatten":
             hw = int(np.prod(graph.shapes[layer.inputs[0]][1:]))
             axes[out] = tuple(Seg(s.group, s.n, s.rep * hw) for s in x)
-        elif layer.op == "add":
+        elif layer.op in ELEMENTWISE and any(o["kind"] != "act" and o["shape"] and o["shape"][0] > 1
+                                             for o in operands(layer, graph)):
+            why = f"{layer.op} {layer.name!r} has a per-channel constant or parameter"
+            for t in layer.inputs:
+                for s in axes[t]:
+                    gs.fix(s.group, why)
+            axes[out] = x
+        elif layer.op in ELEMENTWISE and len(layer.inputs) == 2:  # channels combined are pruned together
             y = axes[layer.inputs[1]]
             if len(x) == len(y) and all((a.n, a.rep) == (b.n, b.rep) for a, b in zip(x, y)):
                 for a, b in zip(x, y):
                     gs.union(a.group, b.group)
             else:
                 for s in x + y:
-                    gs.fix(s.group, f"add {layer.name!r} joins differently concatenated tensors")
-            axes[out] = x
+                    gs.fix(s.group, f"{layer.op} {layer.name!r} joins differently concatenated tensors")
+            axes[out] = x if _channels(x) >= _channels(y) else y
         elif layer.op == "concat":
             axes[out] = tuple(s for t in layer.inputs for s in axes[t])
-        elif layer.op in ACTIVATIONS + POOLS + ("batchnorm",):
+        elif layer.op in ELEMENTWISE + POOLS + SOFTMAX + ("batchnorm",):
             axes[out] = x
         else:
             raise AssertionError(f"prune: op {layer.op!r} is not handled")
@@ -249,6 +256,9 @@ def apply_prune(graph: Graph, plan: PrunePlan) -> Graph:
         elif layer.op == "batchnorm":
             k = plan.kept(x)
             attrs = dict(attrs, **{s: np.asarray(attrs[s])[k] for s in ("scale", "bias", "mean", "var")})
+        elif "operands" in attrs:  # the activation operands' channels as kept
+            attrs = dict(attrs, operands=[dict(o, shape=[len(plan.kept(layer.inputs[o["input"]]))] + o["shape"][1:])
+                                          if o["kind"] == "act" else o for o in attrs["operands"]])
         layers.append(dataclasses.replace(layer, attrs=attrs))
 
     shapes = {}

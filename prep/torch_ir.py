@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import elementwise as ew
 from .graph import pool_out
-from .ir import Graph
+from .ir import ELEMENTWISE, Graph, operands
 
 PREFIX = "p."  # state_dict prefix of the ParameterDict
 
@@ -54,8 +55,23 @@ class IRModule(nn.Module):
         env = {g.input: x}
         for layer in g.layers:
             ins = [env[t] for t in layer.inputs]
-            env[layer.outputs[0]] = _ACT.get(layer.attrs.get("act"), _identity)(self._layer(layer, ins), layer.attrs)
+            y = self._layer(layer, ins)
+            if layer.attrs.get("act", "none") != "none":  # fused by prep.fuse
+                y = evaluate_expr(ew.forward_of(layer.attrs["act"], layer.attrs.get("act_attrs", {})), [y])
+            env[layer.outputs[0]] = y
         return env[g.output]
+
+    def _operands(self, layer, ins):
+        """The operands of an elementwise layer as tensors that broadcast like the ONNX op's."""
+        out = []
+        for o in operands(layer, self.graph):
+            if o["kind"] == "act":
+                out.append(ins[o["input"]])
+            elif o["kind"] == "param":
+                out.append(self.param(layer, o["role"]).reshape((1,) + tuple(o["shape"])))
+            else:
+                out.append(torch.tensor(o["values"], dtype=torch.float32).reshape((1,) + tuple(o["shape"])))
+        return out
 
     def _layer(self, layer, ins):
         op, a, x = layer.op, layer.attrs, ins[0]
@@ -78,27 +94,40 @@ class IRModule(nn.Module):
             return _pool(op, x, a)
         if op == "global_avgpool":
             return x.mean(dim=(2, 3), keepdim=a.get("keepdims", True))
-        if op == "add":
-            return ins[0] + ins[1]
+        if op in ELEMENTWISE:
+            return evaluate_expr(ew.forward_of(op, a), self._operands(layer, ins))
+        if op == "softmax":
+            return torch.softmax(x, dim=1)
+        if op == "log_softmax":
+            return torch.log_softmax(x, dim=1)
         if op == "concat":
             return torch.cat(ins, dim=1)
         if op == "flatten":
             return torch.flatten(x, 1)
-        if op in _ACT:
-            return _ACT[op](x, a)
         raise AssertionError(f"IRModule: no forward for op {op!r}")
 
 
-def _identity(x, a):
-    return x
-
-
-_ACT = {
-    "relu": lambda x, a: torch.relu(x),
-    "leaky_relu": lambda x, a: F.leaky_relu(x, a.get("alpha", 0.01)),
-    "sigmoid": lambda x, a: torch.sigmoid(x),
-    "tanh": lambda x, a: torch.tanh(x),
+# The torch reading of an elementwise expression (prep/elementwise.py): node kind -> function of the
+# evaluated arguments
+TORCH = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg, "exp": torch.exp,
+    "log": torch.log, "sqrt": torch.sqrt, "abs": torch.abs, "sign": torch.sign, "tanh": torch.tanh, "erf": torch.erf,
+    "sigmoid": torch.sigmoid, "max": torch.maximum, "min": torch.minimum, "pow": torch.pow, "where": torch.where,
+    "gt": torch.gt, "lt": torch.lt, "ge": torch.ge, "le": torch.le,
 }
+
+
+def evaluate_expr(e: ew.E, args: list, y=None):
+    """The expression on torch tensors: args[i] for operand i, y for the output."""
+    def run(n):
+        if n.op == "arg":
+            return args[n.value]
+        if n.op == "out":
+            return y
+        if n.op == "const":
+            return torch.tensor(n.value, dtype=torch.float32)
+        return TORCH[n.op](*(run(a) for a in n.args))
+    return run(e)
 
 
 def _pool(op, x, a):

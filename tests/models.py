@@ -271,3 +271,248 @@ class DigitsCNNWidth(nn.Module):
         x = F.max_pool2d(torch.relu(self.conv2(x)), 2)
         x = torch.relu(self.conv3(x))
         return self.fc(torch.flatten(x, 1))
+
+
+# ---- elementwise ops and the blocks of mobile CNNs (no torchvision: the blocks written here) ------------
+
+class Unary(nn.Module):
+    """`fn` on the model input (a pass of its own), and after a conv (fused into it where its derivative
+    reads only its output), then a linear head."""
+
+    def __init__(self, fn, c_in=3):
+        super().__init__()
+        self.fn = fn
+        self.conv = nn.Conv2d(c_in, 5, 3)
+        self.fc = nn.Linear(5 * 9 * 7, 4)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.fn(self.conv(self.fn(x))), 1))
+
+
+def _pos(t):
+    return t.abs() + 0.5  # Abs, then Add of a constant: a positive domain for log, sqrt, ...
+
+
+UNARY_FNS = {
+    "relu6": nn.ReLU6(),
+    "clamp": lambda t: t.clamp(-0.5, 0.8),
+    "hardsigmoid": nn.Hardsigmoid(),
+    "hardswish": nn.Hardswish(),
+    "elu": nn.ELU(0.7),
+    "selu": nn.SELU(),
+    "softplus": nn.Softplus(),
+    "exp": lambda t: torch.exp(t * 0.5),
+    "log": lambda t: torch.log(_pos(t)),
+    "sqrt": lambda t: torch.sqrt(_pos(t)),
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "reciprocal": lambda t: torch.reciprocal(_pos(t)),
+    "pow2": lambda t: t ** 2,
+    "pow3": lambda t: t ** 3,
+    "pow_1_5": lambda t: _pos(t) ** 1.5,
+    "erf": torch.erf,
+    "silu": nn.SiLU(),
+    "gelu": nn.GELU(),
+    "gelu_tanh": nn.GELU(approximate="tanh"),
+    "sigmoid_tanh": lambda t: torch.tanh(torch.sigmoid(t) * 3),
+}
+UNARY_SHAPE = (3, 11, 9)
+
+
+def unary_case(name):
+    return lambda: Unary(UNARY_FNS[name])
+
+
+class PReLUNet(nn.Module):
+    """A PReLU per channel after a conv, and one with a single slope after a linear: trainable slopes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, stride=2)
+        self.act = nn.PReLU(6, init=0.2)
+        self.fc = nn.Linear(6 * 5 * 4, 9)
+        self.act2 = nn.PReLU(init=-0.1)
+        self.head = nn.Linear(9, 4)
+        with torch.no_grad():
+            self.act.weight.uniform_(-0.3, 0.5)
+
+    def forward(self, x):
+        return self.head(self.act2(self.fc(torch.flatten(self.act(self.conv(x)), 1))))
+
+
+class Normalize(nn.Module):
+    """(x - mean) / std inside forward (buffers [1, 3, 1, 1]), and scalar arithmetic: Sub and Div of
+    constants, x * 0.5 + 1 and 2 - x."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).reshape(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).reshape(1, 3, 1, 1))
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(4 * 9 * 7, 5)
+
+    def forward(self, x):
+        y = self.conv((x - self.mean) / self.std)
+        return self.fc(torch.flatten(2.0 - (y * 0.5 + 1.0) / 3.0, 1))
+
+
+class TwoActivations(nn.Module):
+    """Products and quotients of two activations of one shape, and a layer scale (an nn.Parameter
+    [C, 1, 1] that trains)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 5, 3)
+        self.b = nn.Conv2d(3, 5, 3)
+        self.gamma = nn.Parameter(torch.rand(5, 1, 1) + 0.5)
+        self.fc = nn.Linear(5 * 9 * 7, 4)
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        y = a * b - a / (b.abs() + 1.0)
+        return self.fc(torch.flatten(y * self.gamma, 1))
+
+
+class SqueezeExcite(nn.Module):
+    """x * gate(x): the gate from the global average through two 1x1 convs ([N, C, 1, 1] broadcast)."""
+
+    def __init__(self, c, squeeze, act=nn.ReLU, gate=nn.Sigmoid):
+        super().__init__()
+        self.reduce = nn.Conv2d(c, squeeze, 1)
+        self.act = act()
+        self.expand = nn.Conv2d(squeeze, c, 1)
+        self.gate = gate()
+
+    def forward(self, x):
+        s = F.adaptive_avg_pool2d(x, 1)
+        return x * self.gate(self.expand(self.act(self.reduce(s))))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand, BN, ReLU6, depthwise 3x3, BN, ReLU6, 1x1 project, BN, + input."""
+
+    def __init__(self, c=8, expand=3):
+        super().__init__()
+        h = c * expand
+        self.block = nn.Sequential(
+            nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU6(),
+            nn.Conv2d(h, h, 3, padding=1, groups=h, bias=False), nn.BatchNorm2d(h), nn.ReLU6(),
+            nn.Conv2d(h, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return x + self.block(x)
+
+
+class MobileNetV3Block(nn.Module):
+    """MobileNetV3's block: 1x1 expand, HardSwish, depthwise 3x3 stride 2, SE with a HardSigmoid gate,
+    1x1 project."""
+
+    def __init__(self, c=8, h=16, out=12):
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), nn.Hardswish())
+        self.dw = nn.Sequential(nn.Conv2d(h, h, 3, stride=2, padding=1, groups=h, bias=False), nn.BatchNorm2d(h),
+                                nn.Hardswish())
+        self.se = SqueezeExcite(h, 8, nn.ReLU, nn.Hardsigmoid)
+        self.project = nn.Sequential(nn.Conv2d(h, out, 1, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        return self.project(self.se(self.dw(self.expand(x))))
+
+
+class MBConv(nn.Module):
+    """EfficientNet-B0's block: 1x1 expand, SiLU, depthwise 3x3, SiLU, SE (SiLU, sigmoid), 1x1 project,
+    + input."""
+
+    def __init__(self, c=8, expand=4):
+        super().__init__()
+        h = c * expand
+        self.expand = nn.Sequential(nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), nn.SiLU())
+        self.dw = nn.Sequential(nn.Conv2d(h, h, 3, padding=1, groups=h, bias=False), nn.BatchNorm2d(h), nn.SiLU())
+        self.se = SqueezeExcite(h, 2, nn.SiLU, nn.Sigmoid)
+        self.project = nn.Sequential(nn.Conv2d(h, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return x + self.project(self.se(self.dw(self.expand(x))))
+
+
+class RegNetYBlock(nn.Module):
+    """RegNetY's block: 1x1, BN, ReLU, grouped 3x3 (groups of 4), BN, ReLU, SE, 1x1, BN, + input, ReLU."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, groups=2, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.se = SqueezeExcite(c, 2)
+        self.c = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return torch.relu(x + self.c(self.se(self.b(self.a(x)))))
+
+
+def _with_bn_stats(module):
+    """Non-trivial batch-norm statistics, as a trained network has, then each batch-norm folded into the
+    conv before it as texelfit folds it (prep/fold.py): the folded module is the reference whose
+    parameters train (test_cnn_ops.py tests the folding itself)."""
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.3, 0.3)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.6, 1.4)
+                m.bias.uniform_(-0.2, 0.2)
+    module.eval()
+    for seq in [m for m in module.modules() if isinstance(m, nn.Sequential)]:
+        for i in range(len(seq) - 1):
+            if isinstance(seq[i], nn.Conv2d) and isinstance(seq[i + 1], nn.BatchNorm2d):
+                seq[i], seq[i + 1] = fuse_conv_bn_eval(seq[i], seq[i + 1]), nn.Identity()
+    for p in module.parameters():  # the bias a conv without one gains is made not to train
+        p.requires_grad_(True)
+    return module
+
+
+class Mobile(nn.Module):
+    """stem conv 3 -> 8, the block, global average, linear to 5 classes."""
+
+    def __init__(self, block, out=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.block = block
+        self.fc = nn.Linear(out, 5)
+
+    def forward(self, x):
+        return self.fc(F.adaptive_avg_pool2d(self.block(torch.relu(self.stem(x))), 1).flatten(1))
+
+
+MOBILE_SHAPE = (3, 9, 7)
+# name -> (factory, per-sample input shape): cross_entropy on 5 class logits
+BLOCK_CASES = {
+    "mobilenet_v2_inverted_residual": (lambda: _with_bn_stats(Mobile(InvertedResidual())), MOBILE_SHAPE),
+    "mobilenet_v3_block": (lambda: _with_bn_stats(Mobile(MobileNetV3Block(), out=12)), MOBILE_SHAPE),
+    "efficientnet_mbconv": (lambda: _with_bn_stats(Mobile(MBConv())), MOBILE_SHAPE),
+    "regnet_y_block": (lambda: _with_bn_stats(Mobile(RegNetYBlock())), MOBILE_SHAPE),
+    "normalize_in_forward": (Normalize, (3, 11, 9)),
+    "two_activations_layer_scale": (TwoActivations, (3, 11, 9)),
+    "prelu": (PReLUNet, (3, 11, 9)),
+}
+
+
+class SoftmaxHead(nn.Module):
+    """A model that returns probabilities (or log-probabilities): predict returns them; cross_entropy trains
+    on the logits entering them. A softmax inside too (over 6 hidden features)."""
+
+    def __init__(self, log=False):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2)
+        self.fc = nn.Linear(4 * 5 * 4, 6)
+        self.out = nn.Linear(6, 5)
+        self.log = log
+
+    def forward(self, x):
+        h = torch.softmax(self.fc(torch.flatten(torch.relu(self.conv(x)), 1)), dim=1)
+        z = self.out(h)
+        return torch.log_softmax(z, dim=1) if self.log else torch.softmax(z, dim=-1)
+
+    def logits(self, x):
+        return self.out(torch.softmax(self.fc(torch.flatten(torch.relu(self.conv(x)), 1)), dim=1))

@@ -14,7 +14,7 @@ and the blob's header and checksum.
 """
 from __future__ import annotations
 
-from texelfit.prep.ir import ACTIVATIONS, Graph
+from texelfit.prep.ir import ELEMENTWISE, SOFTMAX, Graph
 from texelfit.prep.layout import LayoutPlan
 from texelfit.prep.quantize import HEADER, TRAILER, Quantized
 
@@ -37,11 +37,15 @@ def flops(layer, graph: Graph) -> int:
     if layer.op == "global_avgpool":
         c, h, w = graph.shapes[layer.inputs[0]]
         return c * h * w
-    if layer.op in ("add",) + ACTIVATIONS:
+    if layer.op in ELEMENTWISE:
         return size
+    if layer.op in SOFTMAX:  # max, exp, sum, divide (or subtract)
+        return 4 * size
     if layer.op == "batchnorm":
         return 2 * size
-    return 0  # flatten, concat: data movement only
+    if layer.op in ("flatten", "concat"):
+        return 0  # data movement only
+    raise AssertionError(f"report.flops: no rule for op {layer.op!r}")
 
 
 def _owner_textures(layer, plan: LayoutPlan) -> list[str]:

@@ -2,23 +2,24 @@
 
     dense.py        dense (+ fused activation)
     conv.py         conv (+ fused activation)
-    activation.py   relu, leaky_relu, sigmoid, tanh on their own
+    elementwise.py  every elementwise op (prep/elementwise.py) not fused into a dense or conv layer
+    softmax.py      softmax, log_softmax over the channel axis
     pool.py         maxpool, avgpool, global_avgpool
-    merge.py        add, concat, and the sum of a tensor's gradient contributions
+    merge.py        concat, and the sum of a tensor's gradient contributions
     reshape.py      flatten of (C, H, W) data
     loss.py         cross_entropy, mse: gradient pass and loss-value pass
     optim.py        sgd, adam (AdamW is adam with decoupled weight decay)
 """
 from __future__ import annotations
 
-from texelfit.prep.ir import ACTIVATIONS, POOLS
+from texelfit.prep.ir import ELEMENTWISE, POOLS, SOFTMAX
 
-from . import activation, conv, dense, merge, pool, reshape
+from . import conv, dense, elementwise, merge, pool, reshape, softmax
 from .loss import LOSSES, loss_passes
 from .optim import OPTIMIZERS, optimizer_pass
 
-FAMILIES = {"dense": dense, "conv": conv, "add": merge, "concat": merge, "flatten": reshape,
-            **{a: activation for a in ACTIVATIONS}, **{p: pool for p in POOLS}}
+FAMILIES = {"dense": dense, "conv": conv, "concat": merge, "flatten": reshape,
+            **{e: elementwise for e in ELEMENTWISE}, **{s: softmax for s in SOFTMAX}, **{p: pool for p in POOLS}}
 
 
 def forward(layer, graph, plan):

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from texelfit.prep.layout import SAMPLE_BLOCK, ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
 
-from ..kernels import Kernel, Pass, glsl_float
+from texelfit.prep.elementwise import UNARY, X, const, derivatives_of, forward_of
+
+from ..expr import functions
+from ..kernels import Kernel, Pass
 
 
 def lanes(cols: int) -> dict:
@@ -14,9 +17,17 @@ def lanes(cols: int) -> dict:
 
 
 def activation(layer) -> dict:
-    """Constants of kernels/activation.glsl.j2 for a layer's (fused or own) activation."""
-    act = layer.attrs.get("act", layer.op if layer.op not in ("dense", "conv") else "none")
-    return {"act": act, "alpha": glsl_float(layer.attrs.get("alpha", 0.0))}
+    """Constants of kernels/activation.glsl.j2 for a dense or conv layer's fused activation."""
+    return fused_activation(layer.attrs.get("act", "none"), layer.attrs.get("act_attrs", {}))
+
+
+def fused_activation(act: str, attrs: dict) -> dict:
+    """The activation `act` (a fusable unary op of prep/elementwise.py, or "none") as kernel constants:
+    its name, its GLSL (activate(x0) and activateGrad(y)) and its JavaScript twin's key (ops/elementwise.py)."""
+    if act == "none":
+        return {"act": "none", **functions(X, (const(1.0),), 1)}
+    assert UNARY[act].fusable, act
+    return {"act": act, **functions(forward_of(act, attrs), derivatives_of(act, attrs), 1)}
 
 
 def grad_target(plan, layer, slot: int):
@@ -88,9 +99,9 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
         # grad_input writes dz:Y itself (layout.py: act_grad_fused).
         if y not in plan.act_grad_fused:
             backward.append(Pass(Kernel(f"activation_grad {c['act']}", "activation_grad.glsl.j2", ("DY", "Y"),
-                                        consts={"act": c["act"], "alpha": c["alpha"]}),
+                                        consts=_activation_only(c)),
                                  [dz, plan.tensor(y)], ["dz:" + y], "batch", layer.name))
-        dz, c = "dz:" + y, dict(c, act="none")  # the kernels below apply no activation
+        dz, c = "dz:" + y, dict(c, **fused_activation("none", {}))  # the kernels below apply no activation
     # grad_weight sums over the samples: it reads the factor that the weight's texel does not pack
     # with the samples as channels (layout.py), 4 samples a fetch: X of a conv, and dZ of a dense
     # layer where its weight gradient is blocked (only that twin reads it: the one-sample pass reads dZ)
@@ -118,9 +129,13 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))
     target = grad_target(plan, layer, 0)
     if target and x in plan.act_grad_fused:  # dX times act'(X) of the layer before: its dZ (see above)
-        act, alpha = plan.act_grad_fused[x]
-        c = dict(c, act=act, alpha=glsl_float(alpha), dact=True)
+        act, attrs = plan.act_grad_fused[x]
+        c = dict(c, **fused_activation(act, attrs), dact=True)
         backward += blockable("grad_input", ("DZ", "W", "Y"), (), [dz, w, tx], target, "batch")
     elif target:
         backward += blockable("grad_input", ("DZ", "W"), (), [dz, w], target, "batch")
     return forward, backward
+
+
+def _activation_only(c: dict) -> dict:
+    return {k: c[k] for k in ("act", "fn", "js_args", "js_f", "js_d", "glsl_f", "glsl_d")}

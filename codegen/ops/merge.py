@@ -1,7 +1,5 @@
-"""Ops that merge tensors, and the sum of gradient contributions.
+"""concat, and the sum of gradient contributions (add is elementwise: ops/elementwise.py).
 
-add        add_forward     A, B        -> Y          rows: batch
-           (no pass: the gradient of each input is the gradient of Y; layout.py shares it)
 concat     concat_forward  X0, X1, ... -> Y          rows: batch   (channel axis)
            concat_grad     DY          -> dX_i       rows: batch   (one slice per input)
 grad_sum   grad_sum        G0, G1, ... -> dT         rows: batch   (a tensor with several consumers)
@@ -16,9 +14,6 @@ from .common import chw, grad_target
 
 def forward(layer, graph, plan):
     y = plan.tensor(layer.outputs[0])
-    if layer.op == "add":
-        k = Kernel("add_forward", "add_forward.glsl.j2", ("A", "B"))
-        return [Pass(k, [plan.tensor(t) for t in layer.inputs], [y], "batch", layer.name)]
     parts, start = [], 0
     for i, t in enumerate(layer.inputs):
         ch = chw(graph.shapes[t])[0]
@@ -30,8 +25,6 @@ def forward(layer, graph, plan):
 
 
 def backward(layer, graph, plan):
-    if layer.op == "add":
-        return []
     passes, start = [], 0
     total = chw(graph.shapes[layer.outputs[0]])[0]
     for slot, t in enumerate(layer.inputs):

@@ -1,0 +1,99 @@
+"""Renderers of elementwise expressions (prep/elementwise.py): one table per language.
+
+    glsl(e)   GLSL ES 3.00 over vec4 values (a texel: 4 lanes at once); operands are x0, x1, ..., the
+              output y
+    js(e)     JavaScript over numbers (one lane; the CPU backend, runtime/cpu.js.j2); the same names
+
+A table maps a node kind to a snippet with {0}, {1}, ... for its rendered arguments, or to a
+function of the node for the few that need more (a constant, pow). A target without a primitive
+rewrites the node into others before printing (`REWRITES`: erf for both, tanh for GLSL), so the
+printers stay tables. A WGSL renderer is one more table.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from texelfit.prep.elementwise import E, abs_, erf_expansion, exp, sign
+
+from .kernels import glsl_float
+
+
+def _tanh_expansion(x: E) -> E:
+    # tanh without the overflow of (e^2x - 1) / (e^2x + 1) at large |x|
+    e = exp(-2.0 * abs_(x))
+    return sign(x) * (1.0 - e) / (1.0 + e)
+
+
+def _pow_glsl(e: E, render) -> str:
+    base, n = render(e.args[0]), e.args[1].value
+    if n == int(n) and abs(n) <= 4:  # GLSL's pow is undefined for a negative base: multiply
+        k = int(abs(n))
+        prod = " * ".join([base] * k) if k else "vec4(1.0)"
+        return f"(vec4(1.0) / ({prod}))" if n < 0 else f"({prod})"
+    if n == int(n):  # |x|^n with the sign of x^n
+        p = f"pow(abs({base}), vec4({glsl_float(n)}))"
+        return f"({p} * sign({base}))" if int(n) % 2 else p
+    return f"pow({base}, vec4({glsl_float(n)}))"
+
+
+GLSL = {
+    "arg": lambda e, r: f"x{e.value}",
+    "out": lambda e, r: "y",
+    "const": lambda e, r: f"vec4({glsl_float(e.value)})",
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
+    "exp": "exp({0})", "log": "log({0})", "sqrt": "sqrt({0})", "abs": "abs({0})", "sign": "sign({0})",
+    "max": "max({0}, {1})", "min": "min({0}, {1})",
+    "sigmoid": "(vec4(1.0) / (vec4(1.0) + exp(-{0})))",
+    "where": "mix({2}, {1}, {0})",  # mix(b, a, bvec4) selects a where the condition holds, exactly
+    "gt": "greaterThan({0}, {1})", "lt": "lessThan({0}, {1})",
+    "ge": "greaterThanEqual({0}, {1})", "le": "lessThanEqual({0}, {1})",
+    "pow": _pow_glsl,
+}
+
+
+def _js_const(v: float) -> str:
+    r = repr(float(v))
+    return {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}.get(r, r)
+
+
+JS = {
+    "arg": lambda e, r: f"x{e.value}",
+    "out": lambda e, r: "y",
+    "const": lambda e, r: f"({_js_const(e.value)})",
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
+    "exp": "Math.exp({0})", "log": "Math.log({0})", "sqrt": "Math.sqrt({0})", "abs": "Math.abs({0})",
+    "sign": "Math.sign({0})", "tanh": "Math.tanh({0})",
+    "max": "Math.max({0}, {1})", "min": "Math.min({0}, {1})",
+    "sigmoid": "(1 / (1 + Math.exp(-{0})))",
+    "where": "({0} ? {1} : {2})",
+    "gt": "({0} > {1})", "lt": "({0} < {1})", "ge": "({0} >= {1})", "le": "({0} <= {1})",
+    "pow": "Math.pow({0}, {1})",
+}
+
+REWRITES = {"glsl": {"erf": erf_expansion, "tanh": _tanh_expansion}, "js": {"erf": erf_expansion}}
+
+
+def _printer(table: dict, rewrites: dict):
+    def render(e: E) -> str:
+        if e.op in rewrites:
+            return render(rewrites[e.op](*e.args))
+        rule = table[e.op]
+        if callable(rule):
+            return rule(e, render)
+        return rule.format(*(render(a) for a in e.args))
+    return render
+
+
+glsl = _printer(GLSL, REWRITES["glsl"])
+js = _printer(JS, REWRITES["js"])
+
+
+def functions(f, ds, arity: int) -> dict:
+    """Kernel constants naming the rendered expressions: `fn` keys the JavaScript twins of f and each d
+    (runtime/cpu.js.j2: ELEMENTWISE), `js_*` hold their source (gathered into the bundle by
+    codegen/schedule.py, not shipped per kernel), `glsl_*` the GLSL."""
+    js_f, js_d = js(f), [js(d) for d in ds]
+    args = ", ".join([f"x{i}" for i in range(arity)] + ["y"])
+    fn = hashlib.sha256("\n".join([args, js_f] + js_d).encode()).hexdigest()[:10]
+    return {"fn": fn, "js_args": args, "js_f": js_f, "js_d": js_d,
+            "glsl_f": glsl(f), "glsl_d": [glsl(d) for d in ds]}
