@@ -20,7 +20,7 @@ N = "N"  # the batch dimension in symbolic shape values
 
 SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
-     "ReduceMean", "Flatten", "Reshape", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather",
+     "ReduceMean", "ReduceSum", "ReduceMax", "Flatten", "Reshape", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather",
      "Unsqueeze", "Squeeze", "Cast", "Slice") + tuple(BY_ONNX)))
 # ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
 MODULE_HINTS = {"LayerNormalization": "nn.LayerNorm", "InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
@@ -28,7 +28,7 @@ MODULE_HINTS = {"LayerNormalization": "nn.LayerNorm", "InstanceNormalization": "
                 "Gelu": "nn.GELU", "ConvTranspose": "nn.ConvTranspose2d", "Resize": "nn.Upsample",
                 "Upsample": "nn.Upsample", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
                 "Pad": "nn.ZeroPad2d / F.pad", "Transpose": "Tensor.permute / transpose",
-                "ReduceSum": "Tensor.sum", "ReduceMax": "Tensor.amax"}
+                "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
 SHAPE_ONLY = ("Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "Slice")  # only on constants / shape values
 
 
@@ -294,21 +294,32 @@ def to_ir(model, input_shape=None) -> Graph:
             layers.append(Layer("maxpool" if op == "MaxPool" else "avgpool", node.name, [x], [out], attrs))
             shapes[out] = (c, oh, ow)
             continue
-        if op in ("GlobalAveragePool", "ReduceMean"):
+        if op in ("GlobalAveragePool", "ReduceMean", "ReduceSum", "ReduceMax"):
             x = act(ins[0])
-            if len(shapes[x]) != 3:
-                raise BuildError(f"{_where(node)}: {op} needs a (C, H, W) input, got {shapes[x]}")
-            keep = True
-            if op == "ReduceMean":
+            rank = len(shapes[x]) + 1
+            if op == "GlobalAveragePool":
+                axes = [2, 3]
+            else:
                 axes = a.get("axes")
                 if axes is None and len(ins) > 1 and ins[1]:
                     axes = np.asarray(consts.get(ins[1])).reshape(-1).tolist()
-                if sorted(int(v) % 4 for v in (axes or [])) != [2, 3]:
-                    _unsupported_attr(node, "axes", axes, "only the mean over H and W (axes 2, 3) is supported")
-                keep = bool(a.get("keepdims", 1))
-            layers.append(Layer("global_avgpool", node.name, [x], [out], {"keepdims": keep}))
-            c = shapes[x][0]
-            shapes[out] = (c, 1, 1) if keep else (c,)
+                if not axes and a.get("noop_with_empty_axes", 0):
+                    alias[out] = x
+                    continue
+                axes = sorted({int(v) % rank for v in axes}) if axes else list(range(rank))
+            if 0 in axes:
+                _unsupported_attr(node, "axes", axes, "a reduction over the batch axis is not supported")
+            keep = bool(a.get("keepdims", 1)) or op == "GlobalAveragePool"
+            if op in ("GlobalAveragePool", "ReduceMean") and rank == 4 and axes == [2, 3]:
+                layers.append(Layer("global_avgpool", node.name, [x], [out], {"keepdims": keep}))
+            else:
+                layers.append(Layer("reduce", node.name, [x], [out],
+                                    {"kind": op[len("Reduce"):].lower(), "axes": [v - 1 for v in axes],
+                                     "keepdims": keep}))
+            kept = [d if i + 1 not in axes else 1 for i, d in enumerate(shapes[x])]
+            shapes[out] = tuple(kept) if keep else tuple(d for i, d in enumerate(shapes[x]) if i + 1 not in axes)
+            if not shapes[out]:
+                shapes[out] = (1,)
             continue
         if op in ("Flatten", "Reshape"):
             x = act(ins[0])

@@ -13,6 +13,7 @@ Ops, grouped:
   elementwise  every op of prep/elementwise.py: unary (relu, clip, hardswish, exp, ...: ACTIVATIONS) and
                binary (add, sub, mul, div, prelu: BINARY) with ONNX broadcasting; attrs: the op's
                attributes, and `operands` (see below)
+  reducing     reduce       attrs: kind (mean, sum, max), axes (per-sample axes), keepdims
   normalising  softmax, log_softmax   over the channel axis (the class axis of (F,) data)
   pooling      maxpool      attrs: kernel, strides, pads, ceil_mode
                avgpool      attrs: kernel, strides, pads, ceil_mode, count_include_pad
@@ -40,8 +41,9 @@ from .elementwise import BINARY, UNARY
 ACTIVATIONS = tuple(UNARY)
 ELEMENTWISE = ACTIVATIONS + tuple(BINARY)
 POOLS = ("maxpool", "avgpool", "global_avgpool")
+REDUCE = ("reduce",)
 SOFTMAX = ("softmax", "log_softmax")
-OPS = ("dense", "conv", "batchnorm", "flatten", "concat") + ELEMENTWISE + POOLS + SOFTMAX
+OPS = ("dense", "conv", "batchnorm", "flatten", "concat") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
 
 
 @dataclass

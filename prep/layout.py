@@ -315,6 +315,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         per_sample("act:" + out, "activation", out)
         if layer.op == "maxpool":  # where each maximum came from, for the backward
             per_sample("argmax:" + out, "argmax", out)
+        if layer.op == "reduce" and layer.attrs["kind"] == "max":  # how many inputs equal each max
+            per_sample("ties:" + out, "argmax", out)
         if sample_blocked(layer, graph, max_batch):  # 8 samples a fragment: its forward's 8 render targets
             blocked_parts("act:" + out, "activation", out)
         if parts := split_k(layer, graph):  # float32 in every tier: partial sums

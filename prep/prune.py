@@ -138,6 +138,10 @@ class _Groups:
         self.reason[r] = self.reason[r] or reason
 
 
+def _channels_of(shape) -> int:
+    return int(shape[0]) if len(shape) == 3 else int(np.prod(shape))
+
+
 def _channels(axis) -> int:
     return sum(s.n * s.rep for s in axis)
 
@@ -188,7 +192,17 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
             axes[out] = x if _channels(x) >= _channels(y) else y
         elif layer.op == "concat":
             axes[out] = tuple(s for t in layer.inputs for s in axes[t])
-        elif layer.op in ELEMENTWISE + POOLS + SOFTMAX + ("batchnorm",):
+        elif layer.op == "reduce" and 0 in layer.attrs["axes"]:  # mixes the channels
+            for s in x:
+                gs.fix(s.group, f"reduce {layer.name!r} is over the channels")
+            axes[out] = (Seg(gs.new(_channels_of(graph.shapes[out]), reason="a reduction over the channels"),
+                             _channels_of(graph.shapes[out]), 1),)
+        elif layer.op == "reduce" and len(graph.shapes[layer.inputs[0]]) != 3:
+            for s in x:
+                gs.fix(s.group, f"reduce {layer.name!r} is not over (C, H, W) data")
+            axes[out] = (Seg(gs.new(_channels_of(graph.shapes[out]), reason="a reduction"),
+                             _channels_of(graph.shapes[out]), 1),)
+        elif layer.op in ELEMENTWISE + POOLS + SOFTMAX + ("batchnorm", "reduce"):
             axes[out] = x
         else:
             raise AssertionError(f"prune: op {layer.op!r} is not handled")

@@ -57,7 +57,9 @@ class IRModule(nn.Module):
             ins = [env[t] for t in layer.inputs]
             y = self._layer(layer, ins)
             if layer.attrs.get("act", "none") != "none":  # fused by prep.fuse
-                y = evaluate_expr(ew.forward_of(layer.attrs["act"], layer.attrs.get("act_attrs", {})), [y])
+                act, attrs = layer.attrs["act"], layer.attrs.get("act_attrs", {})
+                y = AS_ONNX_OP[act](y, ew.layer_attrs(ew.OPS[act], attrs)) if act in AS_ONNX_OP else \
+                    evaluate_expr(ew.forward_of(act, attrs), [y])
             env[layer.outputs[0]] = y
         return env[g.output]
 
@@ -95,7 +97,14 @@ class IRModule(nn.Module):
         if op == "global_avgpool":
             return x.mean(dim=(2, 3), keepdim=a.get("keepdims", True))
         if op in ELEMENTWISE:
-            return evaluate_expr(ew.forward_of(op, a), self._operands(layer, ins))
+            args = self._operands(layer, ins)
+            if op in AS_ONNX_OP:
+                return AS_ONNX_OP[op](*args, ew.layer_attrs(ew.OPS[op], a))
+            return evaluate_expr(ew.forward_of(op, a), args)
+        if op == "reduce":
+            dims = [d + 1 for d in a["axes"]]
+            y = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax}[a["kind"]](x, dim=dims, keepdim=True)
+            return y.reshape((x.shape[0],) + tuple(self.graph.shapes[layer.outputs[0]]))
         if op == "softmax":
             return torch.softmax(x, dim=1)
         if op == "log_softmax":
@@ -114,6 +123,21 @@ TORCH = {
     "log": torch.log, "sqrt": torch.sqrt, "abs": torch.abs, "sign": torch.sign, "tanh": torch.tanh, "erf": torch.erf,
     "sigmoid": torch.sigmoid, "max": torch.maximum, "min": torch.minimum, "pow": torch.pow, "where": torch.where,
     "gt": torch.gt, "lt": torch.lt, "ge": torch.ge, "le": torch.le,
+}
+
+
+# Ops whose expression would export as primitives the importer does not take (Max, Where, Greater):
+# the torch function that exports as the declaration's own ONNX op (export_onnx round-trips a graph)
+AS_ONNX_OP = {
+    "relu": lambda x, a: torch.relu(x),
+    "leaky_relu": lambda x, a: F.leaky_relu(x, a["alpha"]),
+    "clip": lambda x, a: torch.clamp(x, a["min"], a["max"]),
+    "hardsigmoid": lambda x, a: torch.clamp(x * a["alpha"] + a["beta"], 0.0, 1.0),
+    "hardswish": lambda x, a: F.hardswish(x),
+    "elu": lambda x, a: F.elu(x, a["alpha"]),
+    "selu": lambda x, a: a["gamma"] * F.elu(x, a["alpha"]),
+    "softplus": lambda x, a: F.softplus(x),
+    "prelu": lambda x, w, a: F.prelu(x, w.reshape(-1)),
 }
 
 

@@ -485,6 +485,24 @@ class Mobile(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(self.block(torch.relu(self.stem(x))), 1).flatten(1))
 
 
+class Reductions(nn.Module):
+    """ReduceSum, ReduceMax and ReduceMean over other axes than (H, W): the channels (keepdims), W, the
+    channels and H, and a global max after a shifted relu (ties at 0 share the gradient, as torch.amax)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3)
+        self.fc = nn.Linear(9 * 7 + 6 * 9 + 7 + 6, 5)
+
+    def forward(self, x):
+        y = self.conv(x)  # (6, 9, 7)
+        a = y.sum(1, keepdim=True)
+        b = y.amax(3)
+        c = y.mean((1, 2))
+        d = torch.relu(y - 1.0).amax((2, 3))
+        return self.fc(torch.cat([a.flatten(1), b.flatten(1), c, d], 1))
+
+
 MOBILE_SHAPE = (3, 9, 7)
 # name -> (factory, per-sample input shape): cross_entropy on 5 class logits
 BLOCK_CASES = {
@@ -495,6 +513,7 @@ BLOCK_CASES = {
     "normalize_in_forward": (Normalize, (3, 11, 9)),
     "two_activations_layer_scale": (TwoActivations, (3, 11, 9)),
     "prelu": (PReLUNet, (3, 11, 9)),
+    "reductions": (Reductions, (3, 11, 9)),
 }
 
 

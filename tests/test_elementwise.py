@@ -1,4 +1,4 @@
-"""Elementwise ops (prep/elementwise.py), the blocks of mobile CNNs built from them, and softmax outputs,
+"""Elementwise ops (prep/elementwise.py), reductions, the blocks of mobile CNNs built from them, and softmax outputs,
 against PyTorch: forward, every gradient, and optimizer trajectories, on WebGL2 (float32), in the rgba8
 tier and on the CPU backend.
 
@@ -141,12 +141,12 @@ def test_unsupported_ops_are_listed_all_at_once_with_their_modules():
 
         def forward(self, x):
             y = self.gn(self.conv(x))
-            return self.ln(y.flatten(2).sum(-1).repeat(1, 2)[:, :6])
+            return self.ln(y.flatten(2).prod(-1).repeat(1, 2)[:, :6])
 
     with pytest.raises(BuildError) as e:
         compile_onnx(export_simplified(Net(), (4, 3, 3)), name="m", input_shape=(4, 3, 3))
     msg = str(e.value)
     assert "unsupported ONNX ops " in msg, msg
-    for op, hint in (("LayerNormalization", "nn.LayerNorm"), ("ReduceSum", "Tensor.sum")):
+    for op, hint in (("LayerNormalization", "nn.LayerNorm"), ("ReduceProd", "Tensor.prod")):
         assert f"{op} (from {hint}) at node" in msg, msg
     assert "supported ops: Gemm" in msg, msg

@@ -39,6 +39,11 @@ def flops(layer, graph: Graph) -> int:
         return c * h * w
     if layer.op in ELEMENTWISE:
         return size
+    if layer.op == "reduce":  # every input element once
+        n = 1
+        for d in graph.shapes[layer.inputs[0]]:
+            n *= d
+        return n
     if layer.op in SOFTMAX:  # max, exp, sum, divide (or subtract)
         return 4 * size
     if layer.op == "batchnorm":
@@ -51,7 +56,7 @@ def flops(layer, graph: Graph) -> int:
 def _owner_textures(layer, plan: LayoutPlan) -> list[str]:
     out = layer.outputs[0]
     names = [n for n in plan.textures
-             if n in ("act:" + out, "argmax:" + out, "grad:" + out) or n.startswith(f"grad:{out}@")]
+             if n in ("act:" + out, "argmax:" + out, "ties:" + out, "grad:" + out) or n.startswith(f"grad:{out}@")]
     for p in layer.params.values():
         names += [pre + p for pre in ("param:", "pgrad:", "m:", "v:") if pre + p in plan.textures]
     return names

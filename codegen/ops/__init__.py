@@ -4,6 +4,7 @@
     conv.py         conv (+ fused activation)
     elementwise.py  every elementwise op (prep/elementwise.py) not fused into a dense or conv layer
     softmax.py      softmax, log_softmax over the channel axis
+    reduce.py       mean, sum, max over any per-sample axes
     pool.py         maxpool, avgpool, global_avgpool
     merge.py        concat, and the sum of a tensor's gradient contributions
     reshape.py      flatten of (C, H, W) data
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 from texelfit.prep.ir import ELEMENTWISE, POOLS, SOFTMAX
 
-from . import conv, dense, elementwise, merge, pool, reshape, softmax
+from . import conv, dense, elementwise, merge, pool, reduce, reshape, softmax
 from .loss import LOSSES, loss_passes
 from .optim import OPTIMIZERS, optimizer_pass
 
 FAMILIES = {"dense": dense, "conv": conv, "concat": merge, "flatten": reshape,
-            **{e: elementwise for e in ELEMENTWISE}, **{s: softmax for s in SOFTMAX}, **{p: pool for p in POOLS}}
+            **{e: elementwise for e in ELEMENTWISE}, **{s: softmax for s in SOFTMAX}, **{p: pool for p in POOLS},
+            "reduce": reduce}
 
 
 def forward(layer, graph, plan):
