@@ -17,6 +17,13 @@ Ops, grouped:
   merging      add          two tensors of one shape
                concat       on the channel axis
   layout       flatten      (C, H, W) -> (C*H*W,) in PyTorch's order; on dense data a no-op
+               gather       every other shape op on activations (Reshape, Transpose, Flatten on any axis,
+                            Squeeze, Unsqueeze, Slice, Split, Concat off the channel axis or with constants):
+                            attrs: parts, a list of {input: slot in `inputs` or None, const: per-sample
+                            array or None, ops: chain of view ops}; the output is the sum of the parts,
+                            each zero outside what it covers (prep/shape.py draws the ops and their maps).
+                            Consecutive ones compose into one (prep.graph); one that keeps the texels
+                            (layout.gather_is_view) is no pass
 
 `dense` and `conv` may carry a fused activation (`attrs["act"]`), set by `prep.fuse`.
 """
@@ -28,7 +35,7 @@ import numpy as np
 
 ACTIVATIONS = ("relu", "leaky_relu", "sigmoid", "tanh")
 POOLS = ("maxpool", "avgpool", "global_avgpool")
-OPS = ("dense", "conv", "batchnorm", "flatten", "add", "concat") + ACTIVATIONS + POOLS
+OPS = ("dense", "conv", "batchnorm", "flatten", "gather", "add", "concat") + ACTIVATIONS + POOLS
 
 
 @dataclass
