@@ -290,12 +290,15 @@ def to_ir(model, input_shape=None) -> Graph:
             sample = [o.shape if isinstance(o, np.ndarray) else shapes[o] for o in operands]
             rank = len(sample[0])
             axis = _axis(node, a.get("axis", 1), rank + 1)
+            if axis == -1:
+                raise BuildError(f"{_where(node)}: Concat on the batch axis is not supported")
             if any(len(s_) != rank or s_[:axis] + s_[axis + 1:] != sample[0][:axis] + sample[0][axis + 1:]
                    for s_ in sample):
                 raise BuildError(f"{_where(node)}: Concat of per-sample shapes {sample} on axis {axis + 1}: the other "
                                  "dims differ")
-            if axis == 0 and rank == 3 and not any(isinstance(o, np.ndarray) for o in operands):
-                layers.append(Layer("concat", node.name, operands, [out]))  # the channel axis: its own kernel
+            if axis == 0 and not any(isinstance(o, np.ndarray) for o in operands):
+                # the first per-sample axis (channels; of flat data: the stored order): its own kernel
+                layers.append(Layer("concat", node.name, operands, [out]))
                 shapes[out] = (sum(shapes[t][0] for t in operands),) + shapes[operands[0]][1:]
                 continue
             # any other axis, or constant operands: a gather of the operands, each padded to its place
@@ -567,6 +570,7 @@ def _compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
                     tensors.append(names[src["input"]])
         merged = Layer("gather", outer.name, tensors, list(outer.outputs), {"parts": parts})
         layers = [merged if l is outer else l for l in layers if l is not inner]
+        del shapes[inner.outputs[0]]  # never laid out
 
 
 def numpy_helper_value(a) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_training, run_model
-from models import ResidualCNN, SmallCNN, blocked_cnn
+from models import ResidualCNN, ShuffleNetTiny, SmallCNN, blocked_cnn
 
 SHAPE = (1, 12, 12)
 
@@ -37,6 +37,13 @@ def test_sample_blocked_cnn_trajectory(web, site, opt_name):
     # batches of 10 (a block of 8 samples and 2 more), the last of 3 (the one-sample twins)
     check_training(web, site, blocked_cnn, SHAPE, opt_name, "cross_entropy", samples=23, batch_size=10, epochs=2,
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
+
+
+@pytest.mark.parametrize("opt_name", ["adam", "sgd_momentum_wd"])
+def test_shufflenet_units_trajectory(web, site, opt_name):
+    # channel split (chunk), concat and channel shuffle (gather passes) on the path of every weight
+    check_training(web, site, ShuffleNetTiny, (3, 13, 11), opt_name, "cross_entropy", samples=21, batch_size=8,
+                   epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
 
 
 def wide_mlp():

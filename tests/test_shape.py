@@ -1,15 +1,27 @@
-"""prep/shape.py: the index maps of shape ops against numpy doing the same ops on arange data.
-
-Table-driven and pure Python: each chain of view ops, applied with numpy to a tensor holding its own
-flat indices, must give what the compiled views compute; and the inverse chain must put each output
-element back where it came from (zeros elsewhere).
+"""Shape ops (prep/shape.py, the gather layer), without a browser: the index maps against numpy doing the
+same ops on arange data (each chain applied to a tensor holding its own flat indices must give what the
+compiled views compute, and the inverse chain must put each output element back where it came from,
+zeros elsewhere); the ONNX import's errors; composition into one pass and views sharing a texture;
+pruning through shape ops (PyTorch against PyTorch: atol 1e-5 + rtol 1e-5 * |ref|). The browser
+parity of the shape-op models is in test_cnn_ops.py (models.CNN_CASES) and its per-backend reruns.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
+from helpers import assert_close
+from texelfit.build import compile_onnx
+from texelfit.codegen.schedule import build_schedule
+from texelfit.prep.fold import fold_batchnorm
+from texelfit.prep.graph import to_ir
+from texelfit.prep.layout import gather_is_view, plan_layout
+from texelfit.prep.load import BuildError, export_simplified
+from texelfit.prep.prune import plan_prune, prune
 from texelfit.prep.shape import Tracker, chain_shape, inverse_ops, run_views
+from texelfit.prep.torch_ir import IRModule
 
 
 def numpy_chain(x, ops):
@@ -84,3 +96,102 @@ def test_shuffle_is_one_view_and_a_view_of_the_same_layout_is_none():
     assert len(views) == 1 and views[0].shape == [4, 3, 15]  # (C/g, g, H*W)
     t = Tracker((5, 1, 3)).apply(("reshape", (5, 3))).apply(("reshape", (5, 3, 1)))
     assert t.simplified() == []
+
+
+# ---- ONNX import: what stays unsupported fails naming the op and the node -------------------------
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(self.conv(x))
+
+
+UNSUPPORTED = {
+    "transpose_batch": (lambda y: y.transpose(0, 1), r"Transpose node '.*': Transpose with perm \[1, 0, 2, 3\] moves the batch"),
+    "reshape_batch": (lambda y: y.reshape(-1, 5, 6), r"Reshape node '.*': Reshape of per-sample \[4, 5, 6\] to .* does not keep"),
+    "slice_batch": (lambda y: y[1:], r"Slice node '.*': Slice on the batch axis"),
+    "concat_batch": (lambda y: torch.cat([y, y], 0), r"Concat node '.*': Concat on the batch axis"),
+    "unsqueeze_batch": (lambda y: y.unsqueeze(0).sum(1), r"Unsqueeze node '.*': Unsqueeze at axis 0 moves the batch"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSUPPORTED))
+def test_unsupported_shape_ops_fail_naming_op_and_node(case):
+    fn, message = UNSUPPORTED[case]
+    with pytest.raises(BuildError, match=message):
+        to_ir(export_simplified(_Fn(fn).eval(), (3, 5, 6)), (3, 5, 6))
+
+
+# ---- the IR: consecutive shape ops compose, views cost nothing ------------------------------------
+
+def test_channel_shuffle_is_one_pass_and_squeezes_are_none():
+    from models import CNN_CASES
+
+    factory, shape, _ = CNN_CASES["shufflenet_v2_units"]
+    torch.manual_seed(0)
+    g = to_ir(export_simplified(factory().eval(), shape), shape)
+    gathers = [l for l in g.layers if l.op == "gather"]
+    # per unit: the shuffle (Reshape -> Transpose -> Reshape) as one gather; the chunk as two slices
+    shuffles = [l for l in gathers if [op[0] for op in l.attrs["parts"][0]["ops"]] == ["reshape", "permute", "reshape"]]
+    assert len(shuffles) == 2 and len(gathers) == 4
+    assert all(len(g.shapes[t]) <= 3 for t in g.shapes), "a rank-5 intermediate was laid out"
+    plan = plan_layout(g, 4)
+    assert all(not gather_is_view(l, g) for l in gathers)
+    sched = build_schedule(g, plan)
+    assert sum(p.kernel.template == "gather.glsl.j2" for p in sched.forward) == 4
+
+    factory, shape, _ = CNN_CASES["squeeze_unsqueeze"]
+    g = to_ir(export_simplified(factory().eval(), shape), shape)
+    views = [l for l in g.layers if gather_is_view(l, g)]
+    assert len(views) >= 2  # the squeezes of (5, 1, 1) and the unsqueeze-flatten of the conv output
+    plan = plan_layout(g, 4)
+    for l in views:
+        assert plan.tensor(l.outputs[0]) == plan.tensor(l.inputs[0])
+        assert "act:" + l.outputs[0] not in plan.textures
+
+
+# ---- pruning through shape ops --------------------------------------------------------------------
+
+class SpatialSlice(torch.nn.Module):
+    """A slice of H and W keeps the channels: the pruner passes the selection through it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 12, 3)
+        self.b = torch.nn.Conv2d(12, 8, 3)
+        self.fc = torch.nn.Linear(8 * 3 * 3, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))[:, :, 1:, ::2]  # (12, 10, 5)
+        y = torch.cat([y, y[:, :, :2]], 2)  # (12, 12, 5): a concat on H
+        return self.fc(torch.flatten(F.max_pool2d(torch.relu(self.b(y)), (3, 1))[:, :, :3], 1))
+
+
+@pytest.mark.parametrize("case,shape", [("shufflenet", (3, 13, 11)), ("spatial_slice", (3, 13, 12))])
+def test_pruned_graph_with_shape_ops_computes_the_zeroed_original(case, shape):
+    from models import ShuffleNetTiny
+    from test_prune import zero_pruned_channels
+
+    factory = {"shufflenet": ShuffleNetTiny, "spatial_slice": SpatialSlice}[case]
+    torch.manual_seed(0)
+    g = fold_batchnorm(to_ir(export_simplified(factory().eval(), shape), shape))
+    plan = plan_prune(g, 0.5, round_to=1)
+    pruned = prune(g, 0.5, round_to=1)
+    x = torch.randn((6,) + shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = IRModule(pruned)(x).numpy()
+        ref = IRModule(zero_pruned_channels(g, plan))(x).numpy()
+    assert_close(f"pruned {case}", got, ref, atol=1e-5, rtol=1e-5)
+    groups = {tuple(gr.producers): gr for gr in plan.groups if gr.producers}
+    if case == "spatial_slice":  # the selection of a's channels passes the slice and the H concat
+        assert len(groups[("/a/Conv",)].kept) == 6 and pruned.parameter_count() < g.parameter_count()
+    else:  # channels the shuffle, the chunk or the concats move stay whole; the branches' inner convs prune
+        assert pruned.parameter_count() < g.parameter_count()
+        for producers, gr in groups.items():
+            if gr.reason and "moves channels" in gr.reason:
+                assert len(gr.kept) == gr.channels
+    compile_onnx(export_simplified(factory().eval(), shape), name="m", input_shape=shape, prune=0.5, max_batch=4)
