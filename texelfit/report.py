@@ -41,7 +41,7 @@ def flops(layer, graph: Graph) -> int:
         return size
     if layer.op == "batchnorm":
         return 2 * size
-    return 0  # flatten, concat: data movement only
+    return 0  # flatten, concat, gather (shape ops): data movement only
 
 
 def _owner_textures(layer, plan: LayoutPlan) -> list[str]:
