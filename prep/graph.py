@@ -13,7 +13,7 @@ import numpy as np
 
 from .ir import Graph, Layer, Param
 from .load import TRANSPOSED_KEY, BuildError, initializer_arrays
-from .shape import Constant, chain_shape
+from .shape import MAX_CONSTANT_FLOATS, Constant, chain_shape
 
 N = "N"  # the batch dimension in symbolic shape values
 
@@ -306,6 +306,9 @@ def to_ir(model, input_shape=None) -> Graph:
             for o, s_ in zip(operands, sample):
                 pad = [("pad", axis, start, total - start - s_[axis])]
                 if isinstance(o, np.ndarray):
+                    if o.size > MAX_CONSTANT_FLOATS:
+                        raise BuildError(f"{_where(node)}: a constant operand of {o.size} floats a sample (shape "
+                                         f"{list(o.shape)}); at most {MAX_CONSTANT_FLOATS} are supported")
                     parts.append({"input": None, "const": Constant(o), "ops": pad})
                 else:
                     parts.append({"input": len(tensors), "const": None, "ops": pad})
@@ -335,6 +338,8 @@ def to_ir(model, input_shape=None) -> Graph:
                                      "of size 1")
                 new = [d for i, d in enumerate(shape) if i + 1 not in axes]
             else:
+                if axes is None:
+                    raise BuildError(f"{_where(node)}: Unsqueeze without axes")
                 full = len(shape) + 1 + len(axes)
                 axes = sorted(_axis(node, v, full) + 1 for v in axes)
                 if 0 in axes:
@@ -347,6 +352,8 @@ def to_ir(model, input_shape=None) -> Graph:
         if op == "Slice":
             x = act(ins[0])
             shape = shapes[x]
+            if any(i and i not in consts for i in ins[1:]):
+                raise BuildError(f"{_where(node)}: Slice bounds computed from activations are not supported")
             vals = [np.asarray(consts[i]).reshape(-1).tolist() if i else None for i in ins[1:]] + [None] * 4
             starts, ends, axes, steps = vals[:4]
             axes = axes if axes is not None else list(range(len(starts)))

@@ -41,6 +41,11 @@ from dataclasses import dataclass
 import numpy as np
 
 
+# A constant part's values are baked into its kernel's source (a GLSL const array, kernels/gather.glsl.j2):
+# enough for coordinate channels or padding channels of small images, not for a constant image.
+MAX_CONSTANT_FLOATS = 4096
+
+
 class Constant:
     """A constant part of a gather: one sample's values, the same for every sample. Compares by value
     (layer attrs are compared whole)."""

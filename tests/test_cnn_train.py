@@ -51,8 +51,9 @@ def wide_mlp():
 
 
 @pytest.mark.parametrize("factory,shape,limit", [(small_cnn, SHAPE, 64), (ResidualCNN, SHAPE, 64),
-                                                 (wide_mlp, (300,), 64), (blocked_cnn, SHAPE, 80)],
-                         ids=["small_cnn", "residual_cnn", "wide_mlp", "blocked_cnn"])
+                                                 (wide_mlp, (300,), 64), (blocked_cnn, SHAPE, 80),
+                                                 (ShuffleNetTiny, (3, 13, 11), 48)],
+                         ids=["small_cnn", "residual_cnn", "wide_mlp", "blocked_cnn", "shufflenet"])
 def test_forced_texture_limit_folds_and_changes_nothing(web, site, factory, shape, limit):
     # maxBatch 8: the 12x12 activations are 8*12 = 96 rows, the MLP's input 75 texels wide: over the limit
     # (blocked_cnn's 16-channel activation, 48x96 texels, needs more than 64x64)
