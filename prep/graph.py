@@ -542,12 +542,23 @@ def _compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
     for l in layers:
         for t in l.inputs:
             readers.setdefault(t, []).append(l)
-    # a flatten next to a gather is one too (a reshape to (features,)), so that it composes
-    layers = [Layer("gather", l.name, list(l.inputs), list(l.outputs), {"parts": [
-                  {"input": 0, "const": None, "ops": [("reshape", (int(np.prod(shapes[l.inputs[0]])),))]}]})
-              if l.op == "flatten" and (getattr(producer.get(l.inputs[0]), "op", None) == "gather" or (
-                  readers.get(l.outputs[0]) and all(r.op == "gather" for r in readers[l.outputs[0]])))
-              else l for l in layers]
+    # A flatten next to a gather is one too (a reshape to (features,)), and so is a concat that only a
+    # gather reads (its operands padded to their place on axis 0), so that they compose: ShuffleNet's
+    # chunk, concat and shuffle are then one pass.
+    def as_gather(l):
+        if l.op == "flatten" and (getattr(producer.get(l.inputs[0]), "op", None) == "gather" or (
+                readers.get(l.outputs[0]) and all(r.op == "gather" for r in readers[l.outputs[0]]))):
+            parts = [{"input": 0, "const": None, "ops": [("reshape", (int(np.prod(shapes[l.inputs[0]])),))]}]
+        elif l.op == "concat" and l.outputs[0] != output and len(readers.get(l.outputs[0], [])) == 1 and \
+                readers[l.outputs[0]][0].op == "gather":
+            sizes = [shapes[t][0] for t in l.inputs]
+            parts = [{"input": i, "const": None, "ops": [("pad", 0, sum(sizes[:i]), sum(sizes[i + 1:]))]}
+                     for i in range(len(sizes))]
+        else:
+            return l
+        return Layer("gather", l.name, list(l.inputs), list(l.outputs), {"parts": parts})
+
+    layers = [as_gather(l) for l in layers]
     while True:
         producer = {l.outputs[0]: l for l in layers}
         reads = {}
