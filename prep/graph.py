@@ -3,7 +3,9 @@
 Shape subgraphs that survive onnxsim because the batch is dynamic (what
 ``x.view(x.size(0), -1)`` exports: Shape -> Gather -> Unsqueeze -> Concat) are
 evaluated here symbolically, with the batch as the symbol ``"N"``; they leave no
-layer behind. Everything else maps one ONNX node to at most one IR layer.
+layer behind. Everything else maps one ONNX node to at most one IR layer (a Split: one per
+output), except that shape ops on activations (prep/onnx_shape.py) become gather layers, which
+compose into one where one reads another.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import numpy as np
 
 from .ir import Graph, Layer, Param
 from .load import TRANSPOSED_KEY, BuildError, initializer_arrays
-from .shape import MAX_CONSTANT_FLOATS, Constant, chain_shape
+from . import onnx_shape
+from .shape import chain_shape
 
 N = "N"  # the batch dimension in symbolic shape values
 
@@ -171,22 +174,8 @@ def to_ir(model, input_shape=None) -> Graph:
             consts[out] = numpy_helper.to_array(a["value"]) if "value" in a else np.asarray(
                 a.get("value_ints", a.get("value_int", a.get("value_floats", a.get("value_float")))))
             continue
-        if op in ("Expand", "ConstantOfShape") and _batch_shape(consts.get(ins[-1])):
-            target = _batch_shape(consts[ins[-1]])
-            if any(not isinstance(d, (int, np.integer)) for d in target):
-                raise BuildError(f"{_where(node)}: shape {consts[ins[-1]]} is not a batch of static samples")
-            if op == "ConstantOfShape":
-                fill = numpy_helper.to_array(a["value"]).reshape(-1)[0] if "value" in a else 0.0
-                batch_consts[out] = np.full(target, fill, np.float32)
-            else:
-                data = np.asarray(consts[ins[0]], dtype=np.float32)
-                if data.ndim == len(target) + 1 and data.shape[0] == 1:
-                    data = data[0]
-                try:
-                    batch_consts[out] = np.ascontiguousarray(np.broadcast_to(data, np.broadcast_shapes(
-                        data.shape, tuple(int(d) for d in target))), dtype=np.float32)
-                except ValueError as e:
-                    raise BuildError(f"{_where(node)}: cannot expand {data.shape} to {target}: {e}") from None
+        if op in ("Expand", "ConstantOfShape") and onnx_shape.batch_shape(consts.get(ins[-1])) is not None:
+            batch_consts[out] = onnx_shape.batch_constant(_where(node), op, a, [consts[i] for i in ins])
             continue
         if all(x in consts for x in ins if x):
             consts[out] = _fold(node, op, a, [consts[x] if x else None for x in ins])
@@ -289,7 +278,7 @@ def to_ir(model, input_shape=None) -> Graph:
             operands = [batch_consts[i] if i in batch_consts else act(i) for i in ins]
             sample = [o.shape if isinstance(o, np.ndarray) else shapes[o] for o in operands]
             rank = len(sample[0])
-            axis = _axis(node, a.get("axis", 1), rank + 1)
+            axis = onnx_shape.axis(_where(node), a.get("axis", 1), rank + 1)
             if axis == -1:
                 raise BuildError(f"{_where(node)}: Concat on the batch axis is not supported")
             if any(len(s_) != rank or s_[:axis] + s_[axis + 1:] != sample[0][:axis] + sample[0][axis + 1:]
@@ -302,106 +291,28 @@ def to_ir(model, input_shape=None) -> Graph:
                 shapes[out] = (sum(shapes[t][0] for t in operands),) + shapes[operands[0]][1:]
                 continue
             # any other axis, or constant operands: a gather of the operands, each padded to its place
-            total, start, parts, tensors = sum(s_[axis] for s_ in sample), 0, [], []
-            for o, s_ in zip(operands, sample):
-                pad = [("pad", axis, start, total - start - s_[axis])]
-                if isinstance(o, np.ndarray):
-                    if o.size > MAX_CONSTANT_FLOATS:
-                        raise BuildError(f"{_where(node)}: a constant operand of {o.size} floats a sample (shape "
-                                         f"{list(o.shape)}); at most {MAX_CONSTANT_FLOATS} are supported")
-                    parts.append({"input": None, "const": Constant(o), "ops": pad})
-                else:
-                    parts.append({"input": len(tensors), "const": None, "ops": pad})
-                    tensors.append(o)
-                start += s_[axis]
+            parts, tensors = onnx_shape.concat_parts(_where(node), axis, operands, sample)
             gather(node, out, parts, tensors)
             continue
-        if op == "Transpose":
+        if op in ("Transpose", "Squeeze", "Unsqueeze", "Slice"):
             x = act(ins[0])
-            perm = list(a.get("perm", range(len(shapes[x]), -1, -1)))
-            if perm[0] != 0:
-                raise BuildError(f"{_where(node)}: Transpose with perm {perm} moves the batch axis (only permutations "
-                                 "of the per-sample axes, perm[0] = 0, are supported)")
-            view(node, x, [] if perm == sorted(perm) else [("permute", tuple(p - 1 for p in perm[1:]))])
-            continue
-        if op in ("Squeeze", "Unsqueeze"):
-            x = act(ins[0])
-            axes = a.get("axes")
-            if axes is None and len(ins) > 1 and ins[1]:
-                axes = np.asarray(consts[ins[1]]).reshape(-1).tolist()
-            shape = list(shapes[x])
-            if op == "Squeeze":
-                axes = [i + 1 for i, d in enumerate(shape) if d == 1] if axes is None else \
-                    [_axis(node, v, len(shape) + 1) + 1 for v in axes]
-                if 0 in axes or any(shape[i - 1] != 1 for i in axes):
-                    raise BuildError(f"{_where(node)}: Squeeze of axes {axes} of {[N] + shape}: only per-sample axes "
-                                     "of size 1")
-                new = [d for i, d in enumerate(shape) if i + 1 not in axes]
-            else:
-                if axes is None:
-                    raise BuildError(f"{_where(node)}: Unsqueeze without axes")
-                full = len(shape) + 1 + len(axes)
-                axes = sorted(_axis(node, v, full) + 1 for v in axes)
-                if 0 in axes:
-                    raise BuildError(f"{_where(node)}: Unsqueeze at axis 0 moves the batch axis")
-                for i in axes:
-                    shape.insert(i - 1, 1)
-                new = shape
-            view(node, x, [("reshape", tuple(new))])
-            continue
-        if op == "Slice":
-            x = act(ins[0])
-            shape = shapes[x]
             if any(i and i not in consts for i in ins[1:]):
-                raise BuildError(f"{_where(node)}: Slice bounds computed from activations are not supported")
-            vals = [np.asarray(consts[i]).reshape(-1).tolist() if i else None for i in ins[1:]] + [None] * 4
-            starts, ends, axes, steps = vals[:4]
-            axes = axes if axes is not None else list(range(len(starts)))
-            steps = steps if steps is not None else [1] * len(starts)
-            ops = []
-            for ax, b, e, st in zip(axes, starts, ends, steps):
-                ax = _axis(node, ax, len(shape) + 1)
-                if isinstance(b, str) or isinstance(e, str) or st <= 0:
-                    raise BuildError(f"{_where(node)}: Slice with start {b}, end {e}, step {st}: only constant bounds "
-                                     "and positive steps are supported")
-                if ax == -1:
-                    if b == 0 and e >= 2 ** 31 - 1 and st == 1:
-                        continue  # the whole batch
-                    raise BuildError(f"{_where(node)}: Slice on the batch axis is not supported")
-                d = shape[ax]
-                b, e = (min(max(v + d if v < 0 else v, 0), d) for v in (int(b), int(e)))
-                if len(range(b, e, st)) == 0:
-                    raise BuildError(f"{_where(node)}: Slice [{b}:{e}:{st}] of axis {ax + 1} (size {d}) is empty")
-                if (b, e, st) != (0, d, 1):
-                    ops.append(("slice", ax, b, e, int(st)))
-                    shape = chain_shape(shape, ops[-1:])
-            view(node, x, ops)
+                raise BuildError(f"{_where(node)}: {op} with axes or bounds computed from activations is not supported")
+            view(node, x, onnx_shape.view_ops(_where(node), op, a, [consts[i] if i else None for i in ins[1:]],
+                                              shapes[x]))
             continue
         if op == "Split":
             # One gather layer per output (a slice each), not one layer with several outputs: every IR
             # layer has one output tensor (layout, schedule and prune read Layer.outputs[0]), and the
             # gradient of the input is then the sum of the slices' gradients, as for any tensor read
-            # by several layers. Outputs nothing reads get no layer.
+            # by several layers. Outputs nothing reads get no layer; layer names key the gradient
+            # routing, so each has its own.
             x = act(ins[0])
-            shape = shapes[x]
-            ax = _axis(node, a.get("axis", 0), len(shape) + 1)
-            if ax == -1:
-                raise BuildError(f"{_where(node)}: Split on the batch axis is not supported")
-            sizes = a.get("split")
-            if sizes is None and len(ins) > 1 and ins[1]:
-                sizes = np.asarray(consts[ins[1]]).reshape(-1).tolist()
-            if sizes is None:
-                k = int(a.get("num_outputs", len(node.output)))
-                each = -(-shape[ax] // k)
-                sizes = [min(each, shape[ax] - i * each) for i in range(k)]
-            if sum(sizes) != shape[ax] or len(sizes) != len(node.output) or min(sizes) <= 0:
-                raise BuildError(f"{_where(node)}: Split of axis size {shape[ax]} into {sizes}")
-            start = 0
-            for i, (o, n) in enumerate(zip(node.output, sizes)):
-                if o in used:  # (layer names key the gradient routing: one per output)
-                    view(node, x, [] if n == shape[ax] else [("slice", ax, start, start + int(n), 1)], o,
-                         f"{node.name}:{i}")
-                start += int(n)
+            sizes = consts.get(ins[1]) if len(ins) > 1 and ins[1] else None
+            chains = onnx_shape.split_ops(_where(node), a, sizes, shapes[x], len(node.output))
+            for i, (o, ops) in enumerate(zip(node.output, chains)):
+                if o in used:
+                    view(node, x, ops, o, f"{node.name}:{i}")
             continue
         if op in ("Relu", "LeakyRelu", "Sigmoid", "Tanh"):
             x = act(ins[0])
@@ -448,7 +359,7 @@ def to_ir(model, input_shape=None) -> Graph:
         if op in ("Flatten", "Reshape"):
             x = act(ins[0])
             if op == "Flatten":
-                axis = _axis(node, a.get("axis", 1), len(shapes[x]) + 1) + 1
+                axis = onnx_shape.axis(_where(node), a.get("axis", 1), len(shapes[x]) + 1) + 1
                 if axis == 0 or int(np.prod(shapes[x][:axis - 1])) != 1:
                     _unsupported_attr(node, "axis", a.get("axis"), f"on {[N] + list(shapes[x])} it does not give "
                                       "(batch, features)")
@@ -456,8 +367,8 @@ def to_ir(model, input_shape=None) -> Graph:
                 target = consts.get(ins[1])
                 if target is None:
                     raise BuildError(f"{_where(node)}: the target shape is not a constant")
-                new = _reshape_target(node, list(np.asarray(target, dtype=object).reshape(-1)), shapes[x],
-                                      bool(a.get("allowzero", 0)), dims[0])
+                new = onnx_shape.reshape_target(_where(node), list(np.asarray(target, dtype=object).reshape(-1)),
+                                                shapes[x], bool(a.get("allowzero", 0)), dims[0])
                 if len(new) != 1:
                     view(node, x, [("reshape", new)])
                     continue
@@ -473,7 +384,7 @@ def to_ir(model, input_shape=None) -> Graph:
     output = alias.get(g.output[0].name, g.output[0].name)
     if output not in shapes or output == inp.name:
         raise BuildError(f"the model output {g.output[0].name!r} is not computed by any supported layer")
-    layers = _compose_gathers(layers, output, shapes)
+    layers = onnx_shape.compose_gathers(layers, output, shapes)
     order = [i.name for i in g.initializer]
     ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[0].split("@")[0]), kv[0])))
     return Graph(inp.name, output, shapes, layers, ordered)
@@ -488,107 +399,6 @@ def _dense(node, x, w: Param, shapes) -> Layer:
     out = node.output[0]
     shapes[out] = (int(o),)
     return Layer("dense", node.name, [x], [out], {}, {"weight": w.name})
-
-
-def _axis(node, axis, rank) -> int:
-    """A per-sample axis (-1: the batch) from an ONNX axis of a tensor of `rank` with the batch."""
-    a = int(axis) + (rank if int(axis) < 0 else 0)
-    if not 0 <= a < rank:
-        raise BuildError(f"{_where(node)}: axis {axis} of a tensor of rank {rank}")
-    return a - 1
-
-
-def _batch_shape(value):
-    """The per-sample dims of a shape value [N, d1, ...] (symbolic batch first), else None."""
-    if isinstance(value, list) and value and isinstance(value[0], str):
-        return value[1:] if N not in value[1:] else None
-    return None
-
-
-def _reshape_target(node, target, in_shape, allowzero, batch_dim) -> tuple[int, ...]:
-    """The per-sample shape of a Reshape to `target` (batch first: N, 0 or -1, or the model's static batch;
-    the rest with ONNX's 0 = copy and one -1 = the rest)."""
-    size = int(np.prod(in_shape))
-    head, rest = target[0], list(target[1:])
-    ok_head = head == N or (head == 0 and not allowzero) or head == -1 or (batch_dim and head == batch_dim)
-    if not ok_head or any(isinstance(d, str) for d in rest):
-        raise BuildError(f"{_where(node)}: Reshape to {target} moves the batch axis (only reshapes of the "
-                         f"per-sample dims {list(in_shape)} are supported)")
-    for i, d in enumerate(rest):
-        if d == 0 and not allowzero:
-            if i >= len(in_shape):
-                raise BuildError(f"{_where(node)}: Reshape to {target}: a 0 past the input's dims")
-            rest[i] = in_shape[i]
-    rest = [int(d) for d in rest]
-    if rest.count(-1) + (head == -1) > 1:
-        raise BuildError(f"{_where(node)}: Reshape to {target} with two unknown dims")
-    if -1 in rest:
-        known = int(np.prod([d for d in rest if d != -1]))
-        if known == 0 or size % known:
-            raise BuildError(f"{_where(node)}: Reshape of {list(in_shape)} to {target}")
-        rest[rest.index(-1)] = size // known
-    if int(np.prod(rest)) != size or min(rest, default=1) <= 0:
-        raise BuildError(f"{_where(node)}: Reshape of per-sample {list(in_shape)} to {target} does not keep the "
-                         "batch axis")
-    return tuple(rest)
-
-
-def _compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
-    """Fold a gather into the gather that reads it, where nothing else does: its parts become the
-    reader's, each chain followed by the reader's. ShuffleNet's Reshape -> Transpose -> Reshape is then
-    one pass, and rank-5 intermediates are never laid out. (The sum of parts commutes with any chain.)"""
-    producer = {l.outputs[0]: l for l in layers}
-    readers: dict[str, list[Layer]] = {}
-    for l in layers:
-        for t in l.inputs:
-            readers.setdefault(t, []).append(l)
-    # A flatten next to a gather is one too (a reshape to (features,)), and so is a concat that only a
-    # gather reads (its operands padded to their place on axis 0), so that they compose: ShuffleNet's
-    # chunk, concat and shuffle are then one pass.
-    def as_gather(l):
-        if l.op == "flatten" and (getattr(producer.get(l.inputs[0]), "op", None) == "gather" or (
-                readers.get(l.outputs[0]) and all(r.op == "gather" for r in readers[l.outputs[0]]))):
-            parts = [{"input": 0, "const": None, "ops": [("reshape", (int(np.prod(shapes[l.inputs[0]])),))]}]
-        elif l.op == "concat" and l.outputs[0] != output and len(readers.get(l.outputs[0], [])) == 1 and \
-                readers[l.outputs[0]][0].op == "gather":
-            sizes = [shapes[t][0] for t in l.inputs]
-            parts = [{"input": i, "const": None, "ops": [("pad", 0, sum(sizes[:i]), sum(sizes[i + 1:]))]}
-                     for i in range(len(sizes))]
-        else:
-            return l
-        return Layer("gather", l.name, list(l.inputs), list(l.outputs), {"parts": parts})
-
-    layers = [as_gather(l) for l in layers]
-    while True:
-        producer = {l.outputs[0]: l for l in layers}
-        reads = {}
-        for l in layers:
-            for t in l.inputs:
-                reads[t] = reads.get(t, 0) + 1
-        for outer in layers:
-            if outer.op != "gather":
-                continue
-            slot = next((i for i, t in enumerate(outer.inputs) if t in producer and producer[t].op == "gather"
-                         and reads[t] == 1 and t != output), None)
-            if slot is not None:
-                break
-        else:
-            return layers
-        inner = producer[outer.inputs[slot]]
-        parts, tensors = [], []
-        for p in outer.attrs["parts"]:
-            srcs = [(q, inner.inputs) for q in inner.attrs["parts"]] if p["input"] == slot else [(None, outer.inputs)]
-            for q, names in srcs:
-                src = q if q is not None else p
-                ops = list(src["ops"]) + (list(p["ops"]) if q is not None else [])
-                if src["input"] is None:
-                    parts.append({"input": None, "const": src["const"], "ops": ops})
-                else:
-                    parts.append({"input": len(tensors), "const": None, "ops": ops})
-                    tensors.append(names[src["input"]])
-        merged = Layer("gather", outer.name, tensors, list(outer.outputs), {"parts": parts})
-        layers = [merged if l is outer else l for l in layers if l is not inner]
-        del shapes[inner.outputs[0]]  # never laid out
 
 
 def numpy_helper_value(a) -> np.ndarray:

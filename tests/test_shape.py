@@ -201,3 +201,59 @@ def test_pruned_graph_with_shape_ops_computes_the_zeroed_original(case, shape):
             if gr.reason and "moves channels" in gr.reason:
                 assert len(gr.kept) == gr.channels
     compile_onnx(export_simplified(factory().eval(), shape), name="m", input_shape=shape, prune=0.5, max_batch=4)
+
+
+# ---- the ONNX forms of each shape op (prep/onnx_shape.py), per-sample shape (4, 5, 6) ---------------
+
+FORMS = {
+    # op, attributes, constant inputs after the data -> chain
+    "transpose_perm": ("Transpose", {"perm": [0, 2, 3, 1]}, [], [("permute", (1, 2, 0))]),
+    "transpose_identity": ("Transpose", {"perm": [0, 1, 2, 3]}, [], []),
+    "squeeze_attr": ("Squeeze", {"axes": [2]}, [], "bad"),  # axis 2 has size 5: not squeezable
+    "unsqueeze_input": ("Unsqueeze", {}, [np.array([-1, 2])], [("reshape", (4, 1, 5, 6, 1))]),
+    "slice_negative_clamped": ("Slice", {}, [np.array([-3, 1]), np.array([2 ** 62, -1]), np.array([1, 3]), None],
+                               [("slice", 0, 1, 4, 1), ("slice", 2, 1, 5, 1)]),
+    "slice_steps": ("Slice", {}, [np.array([0, 1]), np.array([5, 6]), np.array([-2, -1]), np.array([2, 3])],
+                    [("slice", 1, 0, 5, 2), ("slice", 2, 1, 6, 3)]),
+    "slice_whole_batch": ("Slice", {}, [np.array([0]), np.array([2 ** 63 - 1]), np.array([0]), None], []),
+    "slice_negative_step": ("Slice", {}, [np.array([4]), np.array([0]), np.array([1]), np.array([-1])], "bad"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORMS))
+def test_onnx_forms_of_view_ops(case):
+    from texelfit.prep.onnx_shape import view_ops
+
+    op, attrs, vals, want = FORMS[case]
+    if want == "bad":
+        with pytest.raises(BuildError, match=f"{op} node 'n'"):
+            view_ops(f"{op} node 'n'", op, attrs, vals, (4, 5, 6))
+        return
+    assert view_ops(f"{op} node 'n'", op, attrs, vals, (4, 5, 6)) == want
+
+
+@pytest.mark.parametrize("attrs,sizes,outputs,want", [
+    ({"axis": 1, "split": [1, 3]}, None, 2, [[("slice", 0, 0, 1, 1)], [("slice", 0, 1, 4, 1)]]),  # opset < 13
+    ({"axis": -1}, np.array([2, 4]), 2, [[("slice", 2, 0, 2, 1)], [("slice", 2, 2, 6, 1)]]),  # opset 13: input
+    ({"axis": 2, "num_outputs": 2}, None, 2, [[("slice", 1, 0, 3, 1)], [("slice", 1, 3, 5, 1)]]),  # opset 18
+    ({"axis": 3}, None, 3, [[("slice", 2, 0, 2, 1)], [("slice", 2, 2, 4, 1)], [("slice", 2, 4, 6, 1)]]),
+])
+def test_onnx_forms_of_split(attrs, sizes, outputs, want):
+    from texelfit.prep.onnx_shape import split_ops
+
+    assert split_ops("Split node 'n'", attrs, sizes, (4, 5, 6), outputs) == want
+
+
+@pytest.mark.parametrize("target,allowzero,want", [
+    (["N", 0, -1], False, (4, 30)), ([-1, 2, 2, 5, 6], False, (2, 2, 5, 6)), ([0, 120], False, (120,)),
+    (["N", 4, 0, 6], False, (4, 5, 6)), (["N", 0, 30], True, "bad"), ([-1, 30], False, "bad"),
+    (["N", "N", 30], False, "bad"),
+])
+def test_reshape_targets(target, allowzero, want):
+    from texelfit.prep.onnx_shape import reshape_target
+
+    if want == "bad":
+        with pytest.raises(BuildError, match="Reshape node 'n'"):
+            reshape_target("Reshape node 'n'", target, (4, 5, 6), allowzero, None)
+        return
+    assert reshape_target("Reshape node 'n'", target, (4, 5, 6), allowzero, None) == want
