@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from texelfit.prep.ir import Graph
+from texelfit.prep.shape import Constant
 from texelfit.prep.layout import BLOCK_MIN_BATCH, LOSS_RING, SAMPLE_BLOCK, LayoutPlan
 from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
@@ -134,11 +135,22 @@ def render_bundle(ctx: dict) -> dict[str, str]:
     }
 
 
+def _report_value(v):
+    """A layer attribute as JSON: a gather's constant parts by their shape (their values are in the kernel)."""
+    if isinstance(v, Constant):
+        return {"constant": list(v.shape)}
+    if isinstance(v, dict):
+        return {k: _report_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_report_value(x) for x in v]
+    return v
+
+
 def report(name: str, graph: Graph, plan: LayoutPlan, ctx: dict, files: dict[str, str]) -> dict:
     layers = []
     for layer in graph.layers:
         layers.append({
-            "name": layer.name, "op": layer.op, "attrs": layer.attrs,
+            "name": layer.name, "op": layer.op, "attrs": _report_value(layer.attrs),
             "inputs": layer.inputs, "outputs": layer.outputs,
             "output_shape": list(graph.shapes[layer.outputs[0]]),
             "params": {role: {"name": n, "shape": list(graph.params[n].array.shape),

@@ -3,7 +3,9 @@
 Shape subgraphs that survive onnxsim because the batch is dynamic (what
 ``x.view(x.size(0), -1)`` exports: Shape -> Gather -> Unsqueeze -> Concat) are
 evaluated here symbolically, with the batch as the symbol ``"N"``; they leave no
-layer behind. Everything else maps one ONNX node to at most one IR layer.
+layer behind. Everything else maps one ONNX node to at most one IR layer (a Split: one per
+output), except that shape ops on activations (prep/onnx_shape.py) become gather layers, which
+compose into one where one reads another.
 """
 from __future__ import annotations
 
@@ -14,22 +16,26 @@ import numpy as np
 from . import elementwise as ew
 from .elementwise import BY_ONNX
 from .ir import Graph, Layer, Param
+from . import onnx_shape
 from .load import PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, initializer_arrays
+from .shape import chain_shape
 
 N = "N"  # the batch dimension in symbolic shape values
 
 SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
-     "ReduceMean", "ReduceSum", "ReduceMax", "Flatten", "Reshape", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather",
-     "Unsqueeze", "Squeeze", "Cast", "Slice") + tuple(BY_ONNX)))
+     "ReduceMean", "ReduceSum", "ReduceMax", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice",
+     "Split", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast", "Expand",
+     "ConstantOfShape", "Equal", "Where") + tuple(BY_ONNX)))
 # ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
 MODULE_HINTS = {"LayerNormalization": "nn.LayerNorm", "InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
                 "GroupNormalization": "nn.GroupNorm", "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN",
                 "Gelu": "nn.GELU", "ConvTranspose": "nn.ConvTranspose2d", "Resize": "nn.Upsample",
                 "Upsample": "nn.Upsample", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
-                "Pad": "nn.ZeroPad2d / F.pad", "Transpose": "Tensor.permute / transpose",
-                "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
-SHAPE_ONLY = ("Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "Slice")  # only on constants / shape values
+                "Pad": "nn.ZeroPad2d / F.pad", "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
+# only on constants and shape values (Expand and ConstantOfShape also to a batch of one constant sample:
+# an operand of Concat)
+SHAPE_ONLY = ("Shape", "Gather", "Cast", "Equal", "Where", "Expand", "ConstantOfShape")
 
 
 def _attrs(node) -> dict:
@@ -114,11 +120,32 @@ def to_ir(model, input_shape=None) -> Graph:
     uses: dict[str, int] = {}
     _check_supported(g, consts)
 
+    # tensors that are one constant sample repeated over the batch (Expand or ConstantOfShape to
+    # [N, ...]): per-sample array; only Concat takes them, as constant parts of a gather
+    batch_consts: dict[str, np.ndarray] = {}
+    used = {t for n in g.node for t in n.input} | {g.output[0].name}
+
     def act(name):  # an activation tensor (not a constant), following aliases
         name = alias.get(name, name)
         if name not in shapes:
-            raise BuildError(f"tensor {name!r} is not an activation the IR knows")
+            what = "a constant repeated over the batch (only Concat takes one)" if name in batch_consts else \
+                "not an activation the IR knows"
+            raise BuildError(f"tensor {name!r} is {what}")
         return name
+
+    def gather(node, out, parts, tensors, name=None):
+        """A gather layer (prep/shape.py) of `parts` ({input: slot, const, ops}) over `tensors`; a chain
+        that changes nothing is an alias."""
+        if len(parts) == 1 and parts[0]["input"] is not None and not parts[0]["ops"]:
+            alias[out] = tensors[0]
+            return
+        layers.append(Layer("gather", name or node.name, list(tensors), [out], {"parts": parts}))
+        p = parts[0]
+        shapes[out] = chain_shape(shapes[tensors[p["input"]]] if p["input"] is not None else p["const"].shape,
+                                  p["ops"])
+
+    def view(node, x, ops, out=None, name=None):
+        gather(node, out or node.output[0], [{"input": 0, "const": None, "ops": list(ops)}], [x], name)
 
     def weight(node, i) -> np.ndarray:
         name = node.input[i]
@@ -157,6 +184,9 @@ def to_ir(model, input_shape=None) -> Graph:
         if op == "Constant":
             consts[out] = numpy_helper.to_array(a["value"]) if "value" in a else np.asarray(
                 a.get("value_ints", a.get("value_int", a.get("value_floats", a.get("value_float")))))
+            continue
+        if op in ("Expand", "ConstantOfShape") and onnx_shape.batch_shape(consts.get(ins[-1])) is not None:
+            batch_consts[out] = onnx_shape.batch_constant(_where(node), op, a, [consts[i] for i in ins])
             continue
         if all(x in consts for x in ins if x):
             consts[out] = _fold(node, op, a, [consts[x] if x else None for x in ins])
@@ -255,15 +285,44 @@ def to_ir(model, input_shape=None) -> Graph:
                                        trainable_names))
             continue
         if op == "Concat":
-            xs = [act(i) for i in ins]
-            rank = len(shapes[xs[0]])
-            axis = a.get("axis", 1)
-            if axis not in (1, 1 - (rank + 1)) or any(len(shapes[t]) != rank or shapes[t][1:] != shapes[xs[0]][1:]
-                                                     for t in xs):
-                raise BuildError(f"{_where(node)}: only Concat on the channel axis of tensors with equal "
-                                 f"other dims is supported (axis {axis}, shapes {[shapes[t] for t in xs]})")
-            layers.append(Layer("concat", node.name, xs, [out]))
-            shapes[out] = (sum(shapes[t][0] for t in xs),) + shapes[xs[0]][1:]
+            operands = [batch_consts[i] if i in batch_consts else act(i) for i in ins]
+            sample = [o.shape if isinstance(o, np.ndarray) else shapes[o] for o in operands]
+            rank = len(sample[0])
+            axis = onnx_shape.axis(_where(node), a.get("axis", 1), rank + 1)
+            if axis == -1:
+                raise BuildError(f"{_where(node)}: Concat on the batch axis is not supported")
+            if any(len(s_) != rank or s_[:axis] + s_[axis + 1:] != sample[0][:axis] + sample[0][axis + 1:]
+                   for s_ in sample):
+                raise BuildError(f"{_where(node)}: Concat of per-sample shapes {sample} on axis {axis + 1}: the other "
+                                 "dims differ")
+            if axis == 0 and not any(isinstance(o, np.ndarray) for o in operands):
+                # the first per-sample axis (channels; of flat data: the stored order): its own kernel
+                layers.append(Layer("concat", node.name, operands, [out]))
+                shapes[out] = (sum(shapes[t][0] for t in operands),) + shapes[operands[0]][1:]
+                continue
+            # any other axis, or constant operands: a gather of the operands, each padded to its place
+            parts, tensors = onnx_shape.concat_parts(_where(node), axis, operands, sample)
+            gather(node, out, parts, tensors)
+            continue
+        if op in ("Transpose", "Squeeze", "Unsqueeze", "Slice"):
+            x = act(ins[0])
+            if any(i and i not in consts for i in ins[1:]):
+                raise BuildError(f"{_where(node)}: {op} with axes or bounds computed from activations is not supported")
+            view(node, x, onnx_shape.view_ops(_where(node), op, a, [consts[i] if i else None for i in ins[1:]],
+                                              shapes[x]))
+            continue
+        if op == "Split":
+            # One gather layer per output (a slice each), not one layer with several outputs: every IR
+            # layer has one output tensor (layout, schedule and prune read Layer.outputs[0]), and the
+            # gradient of the input is then the sum of the slices' gradients, as for any tensor read
+            # by several layers. Outputs nothing reads get no layer; layer names key the gradient
+            # routing, so each has its own.
+            x = act(ins[0])
+            sizes = consts.get(ins[1]) if len(ins) > 1 and ins[1] else None
+            chains = onnx_shape.split_ops(_where(node), a, sizes, shapes[x], len(node.output))
+            for i, (o, ops) in enumerate(zip(node.output, chains)):
+                if o in used:
+                    view(node, x, ops, o, f"{node.name}:{i}")
             continue
         if op in ("Softmax", "LogSoftmax"):
             x = act(ins[0])
@@ -324,13 +383,19 @@ def to_ir(model, input_shape=None) -> Graph:
         if op in ("Flatten", "Reshape"):
             x = act(ins[0])
             if op == "Flatten":
-                if a.get("axis", 1) != 1:
-                    _unsupported_attr(node, "axis", a.get("axis"), "only axis=1 is supported")
+                axis = onnx_shape.axis(_where(node), a.get("axis", 1), len(shapes[x]) + 1) + 1
+                if axis == 0 or int(np.prod(shapes[x][:axis - 1])) != 1:
+                    _unsupported_attr(node, "axis", a.get("axis"), f"on {[N] + list(shapes[x])} it does not give "
+                                      "(batch, features)")
             else:
                 target = consts.get(ins[1])
                 if target is None:
                     raise BuildError(f"{_where(node)}: the target shape is not a constant")
-                _check_reshape_2d(node, list(np.asarray(target, dtype=object).reshape(-1)), shapes[x])
+                new = onnx_shape.reshape_target(_where(node), list(np.asarray(target, dtype=object).reshape(-1)),
+                                                shapes[x], bool(a.get("allowzero", 0)), dims[0])
+                if len(new) != 1:
+                    view(node, x, [("reshape", new)])
+                    continue
             size = int(np.prod(shapes[x]))
             if shapes[x] == (size,):
                 alias[out] = x  # already (features,)
@@ -343,6 +408,7 @@ def to_ir(model, input_shape=None) -> Graph:
     output = alias.get(g.output[0].name, g.output[0].name)
     if output not in shapes or output == inp.name:
         raise BuildError(f"the model output {g.output[0].name!r} is not computed by any supported layer")
+    layers = onnx_shape.compose_gathers(layers, output, shapes)
     order = [i.name for i in g.initializer]
     ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[0].split("@")[0]), kv[0])))
     return Graph(inp.name, output, shapes, layers, ordered)
@@ -359,13 +425,10 @@ def _dense(node, x, w: Param, shapes) -> Layer:
     return Layer("dense", node.name, [x], [out], {}, {"weight": w.name})
 
 
-def _check_reshape_2d(node, target, in_shape):
-    size = int(np.prod(in_shape))
-    if len(target) == 2 and target[0] in (N, -1, 0):
-        rest = target[1]
-        if rest == -1 and target[0] != -1 or rest == size:
-            return
-    raise BuildError(f"{_where(node)}: reshape to {target} is not supported (only to (batch, {size}))")
+def numpy_helper_value(a) -> np.ndarray:
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(a["value"]).reshape(-1)[0] if "value" in a else np.float32(0.0)
 
 
 def _int_div(x, y):
@@ -407,6 +470,20 @@ def _fold(node, op, a, vals):
             return np.concatenate(vals, axis=a.get("axis", 0))
         if op == "Cast":
             return vals[0]
+        if op in ("Equal", "Where") and any(isinstance(v, list) for v in vals):  # on symbolic shape values
+            vals = [listify(v) for v in vals]
+            width = max(len(v) for v in vals)
+            vals = [v * width if len(v) == 1 else v for v in vals]
+            if op == "Equal":
+                return [isinstance(x, str) == isinstance(y, str) and x == y for x, y in zip(*vals)]
+            return [x if bool(c) else y for c, x, y in zip(*vals)]
+        if op in ("Equal", "Where"):
+            return np.equal(*vals) if op == "Equal" else np.where(*vals)
+        if op == "ConstantOfShape":
+            value = numpy_helper_value(a)
+            return np.full(np.asarray(vals[0]).astype(int), value, dtype=value.dtype)
+        if op == "Expand":
+            return np.asarray(vals[0]) * np.ones(np.asarray(vals[1]).astype(int), dtype=np.asarray(vals[0]).dtype)
         if op == "Slice":
             data = vals[0]
             starts, ends = (np.asarray(v).reshape(-1).tolist() for v in vals[1:3])

@@ -20,6 +20,13 @@ Ops, grouped:
                global_avgpool   mean over H, W; attrs: keepdims
   merging      concat       on the channel axis
   layout       flatten      (C, H, W) -> (C*H*W,) in PyTorch's order; on dense data a no-op
+               gather       every other shape op on activations (Reshape, Transpose, Flatten on any axis,
+                            Squeeze, Unsqueeze, Slice, Split, Concat off the channel axis or with constants):
+                            attrs: parts, a list of {input: slot in `inputs` or None, const: per-sample
+                            array or None, ops: chain of view ops}; the output is the sum of the parts,
+                            each zero outside what it covers (prep/shape.py draws the ops and their maps).
+                            Consecutive ones compose into one (prep.graph); one that keeps the texels
+                            (layout.gather_is_view) is no pass
 
 `dense` and `conv` may carry a fused activation (`attrs["act"]`, with its attributes in
 `attrs["act_attrs"]`), set by `prep.fuse`.
@@ -43,7 +50,7 @@ ELEMENTWISE = ACTIVATIONS + tuple(BINARY)
 POOLS = ("maxpool", "avgpool", "global_avgpool")
 REDUCE = ("reduce",)
 SOFTMAX = ("softmax", "log_softmax")
-OPS = ("dense", "conv", "batchnorm", "flatten", "concat") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
+OPS = ("dense", "conv", "batchnorm", "flatten", "gather", "concat") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
 
 
 @dataclass

@@ -96,11 +96,50 @@ class Packing:
 
 
 def flattens_in_place(layer, graph: Graph) -> bool:
-    """A flatten whose input already has the texels of its output (not (C, H, W) with H*W > 1)."""
+    """A flatten whose input already has the texels of its output (not (C, H, W) with H*W > 1), or a
+    gather that is a pure view (see gather_is_view): either shares its input's texture."""
+    if layer.op == "gather":
+        return gather_is_view(layer, graph)
     if layer.op != "flatten":
         return False
     shape = graph.shapes[layer.inputs[0]]
     return len(shape) != 3 or shape[1] * shape[2] == 1
+
+
+def storage_ops(shape: tuple[int, ...]) -> list:
+    """The view ops (prep/shape.py) taking a tensor's stored dims, chw(shape), to its logical
+    per-sample shape: the stored order is the logical row-major order, so one reshape. (A tensor packed
+    in another order, tokens [T, F] with F in the texel, would permute here.)"""
+    return [("reshape", tuple(shape))]
+
+
+def gather_part_views(layer, graph: Graph, part: dict, *, backward: bool = False):
+    """The views (prep/shape.py) of one part of a gather layer, over the texels' (c, h, w): forward,
+    from the output's to the part's source's (an input's stored dims, or a constant's own shape);
+    backward, from the input's to the output gradient's. None when the part reads nothing."""
+    from .shape import inverse_ops, part_views
+
+    out = graph.shapes[layer.outputs[0]]
+    if part["input"] is None:
+        src, src_storage, to_logical = part["const"].shape, part["const"].shape, []
+    else:
+        src = graph.shapes[layer.inputs[part["input"]]]
+        src_storage, to_logical = chw(src), storage_ops(src)
+    if backward:
+        return part_views(chw(out), storage_ops(out), inverse_ops(src, part["ops"]), [("reshape", chw(src))])
+    return part_views(src_storage, to_logical, part["ops"], [("reshape", chw(out))])
+
+
+def gather_is_view(layer, graph: Graph) -> bool:
+    """A gather of one input whose output has the texels of that input (a squeeze or unsqueeze of a
+    size-1 axis, a flatten of (C, 1, 1), a reshape between flat shapes): no pass, the texture shared."""
+    if layer.op != "gather" or len(layer.attrs["parts"]) != 1:
+        return False
+    part = layer.attrs["parts"][0]
+    if part["input"] is None:
+        return False
+    src, out = graph.shapes[layer.inputs[part["input"]]], graph.shapes[layer.outputs[0]]
+    return chw(src) == chw(out) and gather_part_views(layer, graph, part) == []
 
 
 def chw(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -243,7 +282,7 @@ class TextureSpec:
 @dataclass
 class LayoutPlan:
     textures: dict[str, TextureSpec]
-    act_alias: dict[str, str]  # tensor -> the tensor whose texture it shares (a flatten in place)
+    act_alias: dict[str, str]  # tensor -> the tensor whose texture it shares (a flatten in place, a view)
     grad_targets: dict[tuple[str, int], str]  # (layer name or "<loss>", input slot) -> texture its backward writes
     grad_sums: dict[str, list[str]]  # tensor -> contribution textures summed into grad:tensor
     grad_alias: dict[str, str]  # tensor -> gradient texture it shares (the only consumer is an add)

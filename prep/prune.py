@@ -28,7 +28,10 @@ as 4k+4), never 0 and never more than C; the highest-scoring ones, in their orig
 
 Left unpruned (and listed with the reason in `PrunePlan.groups`): the groups of the model
 input and output, groups read by a grouped conv whose groups are neither 1 nor its input
-channels, and groups joined by an `add` whose operands are concatenated differently.
+channels, groups joined by an `add` whose operands are concatenated differently, and the
+groups into and out of a `gather` that moves channels (a reshape, permutation, channel slice or
+concatenation with a constant: see _gather_axis; one that slices or pads only H and W passes
+the selection through).
 """
 from __future__ import annotations
 
@@ -146,6 +149,30 @@ def _channels(axis) -> int:
     return sum(s.n * s.rep for s in axis)
 
 
+def _gather_axis(layer, graph: Graph, axes, gs: _Groups) -> tuple[Seg, ...]:
+    """The channel axis of a gather's output (prep/shape.py). One that only slices or pads H and W of
+    (C, H, W) inputs keeps their channels: it passes their selection through, joining those of several
+    inputs as an add does. Any other (a reshape, a permutation, a slice or concatenation of channels, a
+    constant part) moves channels where a selection cannot follow: its inputs stay whole, and its output
+    is a new group that stays whole."""
+    parts, out = layer.attrs["parts"], graph.shapes[layer.outputs[0]]
+    ins = [axes[t] for t in layer.inputs]
+    spatial = len(out) == 3 and all(len(graph.shapes[t]) == 3 for t in layer.inputs) and all(
+        p["input"] is not None and all(op[0] in ("slice", "pad") and op[1] != 0 for op in p["ops"]) for p in parts)
+    if spatial and all(len(x) == len(ins[0]) and all((a.n, a.rep) == (b.n, b.rep) for a, b in zip(x, ins[0]))
+                       for x in ins):
+        for x in ins[1:]:
+            for a, b in zip(ins[0], x):
+                gs.union(a.group, b.group)
+        return ins[0]
+    why = f"shape op {layer.name!r} moves channels"
+    for x in ins:
+        for seg in x:
+            gs.fix(seg.group, why)
+    n = out[0] if out else 1
+    return (Seg(gs.new(n, reason=why), n, 1),)
+
+
 def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
     ratio = check_ratio(ratio)
     if not isinstance(round_to, int) or round_to < 1:
@@ -192,6 +219,8 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
             axes[out] = x if _channels(x) >= _channels(y) else y
         elif layer.op == "concat":
             axes[out] = tuple(s for t in layer.inputs for s in axes[t])
+        elif layer.op == "gather":
+            axes[out] = _gather_axis(layer, graph, axes, gs)
         elif layer.op == "reduce" and 0 in layer.attrs["axes"]:  # mixes the channels
             for s in x:
                 gs.fix(s.group, f"reduce {layer.name!r} is over the channels")

@@ -113,7 +113,47 @@ class IRModule(nn.Module):
             return torch.cat(ins, dim=1)
         if op == "flatten":
             return torch.flatten(x, 1)
+        if op == "gather":
+            return _gather(a["parts"], ins)
         raise AssertionError(f"IRModule: no forward for op {op!r}")
+
+
+def _view_op(t, op):
+    """One view op of prep/shape.py on a batch (the per-sample axes are t's axes 1, 2, ...)."""
+    kind = op[0]
+    if kind == "reshape":
+        return t.reshape((t.shape[0],) + tuple(op[1]))
+    if kind == "permute":
+        return t.permute(0, *[p + 1 for p in op[1]])
+    if kind == "slice":
+        _, a, b, e, s = op
+        return t[(slice(None),) * (a + 1) + (slice(b, e, s),)]
+    _, a, lo, hi = op  # pad with zeros
+    return F.pad(t, [0, 0] * (t.dim() - a - 2) + [lo, hi])
+
+
+def _gather(parts, ins):
+    """The sum of the parts, each its source (an input, or a constant sample repeated over the batch)
+    through its chain; a plain concatenation (each chain one pad, tiling one axis in order) as torch.cat,
+    which exports as Concat again."""
+    batch = ins[0].shape[0]
+    srcs = [ins[p["input"]] if p["input"] is not None else
+            torch.from_numpy(np.array(p["const"], dtype=np.float32))[None].expand((batch,) + p["const"].shape)
+            for p in parts]
+    pads = [p["ops"][0] if len(p["ops"]) == 1 and p["ops"][0][0] == "pad" else None for p in parts]
+    if all(pads) and len({q[1] for q in pads}) == 1:
+        a, at = pads[0][1], 0
+        for q, t in zip(pads, srcs):
+            at = at if q[2] == at else -1
+            at += int(t.shape[a + 1])
+        if at >= 0 and pads[-1][3] == 0:
+            return torch.cat(srcs, dim=a + 1)
+    out = None
+    for p, t in zip(parts, srcs):
+        for op in p["ops"]:
+            t = _view_op(t, op)
+        out = t if out is None else out + t
+    return out
 
 
 # The torch reading of an elementwise expression (prep/elementwise.py): node kind -> function of the

@@ -178,6 +178,134 @@ def _seq(*layers):
     return make
 
 
+# ---- shape ops on activations (prep/shape.py: gather) ----------------------------------------------
+
+def channel_shuffle(x, groups):
+    """ShuffleNet's: view as (groups, C / groups), transpose, view back."""
+    n, c, h, w = x.shape
+    return x.view(n, groups, c // groups, h, w).transpose(1, 2).reshape(n, c, h, w)
+
+
+class ShuffleUnit(nn.Module):
+    """ShuffleNetV2's unit as torchvision writes it: stride 1 splits the channels in two halves (chunk),
+    runs the second through 1x1 -> depthwise 3x3 -> 1x1, concatenates and shuffles; stride 2 runs both
+    branches on the whole input."""
+
+    def __init__(self, c_in, c_out, stride):
+        super().__init__()
+        self.stride = stride
+        half = c_out // 2
+        if stride > 1:
+            self.branch1 = nn.Sequential(nn.Conv2d(c_in, c_in, 3, stride, 1, groups=c_in), nn.Conv2d(c_in, half, 1),
+                                         nn.ReLU())
+        c2 = c_in if stride > 1 else half
+        self.branch2 = nn.Sequential(nn.Conv2d(c2, half, 1), nn.ReLU(), nn.Conv2d(half, half, 3, stride, 1, groups=half),
+                                     nn.Conv2d(half, half, 1), nn.ReLU())
+
+    def forward(self, x):
+        if self.stride == 1:
+            x1, x2 = x.chunk(2, dim=1)
+            out = torch.cat((x1, self.branch2(x2)), dim=1)
+        else:
+            out = torch.cat((self.branch1(x), self.branch2(x)), dim=1)
+        return channel_shuffle(out, 2)
+
+
+class ShuffleNetTiny(nn.Module):
+    """A stem, a stride-2 unit and a stride-1 unit of ShuffleNetV2 (10 channels: padded lanes), a head."""
+
+    def __init__(self, classes=5):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1)
+        self.down = ShuffleUnit(6, 10, 2)
+        self.unit = ShuffleUnit(10, 10, 1)
+        self.fc = nn.Linear(10, classes)
+
+    def forward(self, x):
+        x = self.unit(self.down(torch.relu(self.stem(x))))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+class PermuteFlatten(nn.Module):
+    """Flattening in other orders: channels last (permute, then flatten), and (H*W, C) tokens
+    (flatten(2), then transpose) flattened again."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3, stride=2)
+        self.fc = nn.Linear(2 * 5 * 6 * 5, 7)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))
+        a = y.permute(0, 2, 3, 1).flatten(1)
+        b = y.flatten(2).transpose(1, 2).reshape(y.shape[0], -1)
+        return self.fc(torch.cat([a, b], 1))
+
+
+class SqueezeUnsqueeze(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+        self.conv2 = nn.Conv2d(5, 4, 3, stride=2)
+        self.fc = nn.Linear(5, 6)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        pooled = F.adaptive_avg_pool2d(y, 1).squeeze(3).squeeze(2)  # (5,): a view, no pass
+        z = self.conv2(y).unsqueeze(2).flatten(1, 2)  # (4, 1, H, W) -> (4, H, W): the same texels again
+        return torch.cat([self.fc(pooled).unsqueeze(1), z.flatten(1).unsqueeze(1)[:, :, :6]], 1)
+
+
+class SliceSteps(nn.Module):
+    """Slices with steps on channels (across texel lanes), rows and columns."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 9, 3)
+        self.conv2 = nn.Conv2d(4, 5, 2)
+
+    def forward(self, x):
+        y = self.conv(x)  # (9, 11, 9)
+        return self.conv2(torch.tanh(y[:, 1:8:2, ::2, 1:]))  # (4, 6, 8)
+
+
+class ConcatConstant(nn.Module):
+    """Concat with constant operands (a buffer repeated over the batch, zeros) on the channel axis,
+    and of activations on the H and W axes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+        self.side = nn.Conv2d(3, 5, 3)
+        self.register_buffer("coords", torch.randn(1, 2, 11, 9))
+        self.mix = nn.Conv2d(8, 4, 3)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))  # (5, 11, 9)
+        n = y.shape[0]
+        y = torch.cat([y, self.coords.expand(n, -1, -1, -1), torch.zeros(n, 1, 11, 9)], 1)  # (8, 11, 9)
+        z = torch.tanh(self.side(x))  # (5, 11, 9)
+        m = self.mix(y)  # (4, 9, 7)
+        w = torch.cat([m, m[:, :, :, :2]], 3)  # (4, 9, 9)
+        return torch.cat([w, z[:, :4, :3, :], w[:, :, :1]], 2)  # (4, 13, 9)
+
+
+class SplitUneven(nn.Module):
+    """torch.split with uneven sizes on the channel axis, and in equal halves on the W axis."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 9, 3, padding=1)
+        self.a = nn.Conv2d(6, 4, 3)
+        self.b = nn.Conv2d(3, 4, 3)
+        self.c = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        p, q, r = torch.split(self.conv(x), [2, 3, 4], dim=1)
+        left, right = torch.split(torch.relu(q), [5, 6], dim=3)
+        return self.a(torch.cat([r, p], 1))[:, :, :, :3] + self.b(left) + self.c(right)[:, :, :, 1:]  # (4, 11, 3)
+
+
 IMG = (3, 13, 11)
 # name -> (factory, per-sample input shape, loss); output 4-D -> mse on the raw output
 CNN_CASES = {
@@ -216,6 +344,13 @@ CNN_CASES = {
     "residual_add": (Residual, IMG, "mse"),
     "concat": (Concat, IMG, "mse"),
     "small_cnn": (lambda: SmallCNN(3, 7), (3, 13, 13), "cross_entropy"),
+    # shape ops (prep/shape.py)
+    "shufflenet_v2_units": (ShuffleNetTiny, IMG, "cross_entropy"),
+    "permute_flatten": (PermuteFlatten, IMG, "cross_entropy"),
+    "squeeze_unsqueeze": (SqueezeUnsqueeze, IMG, "mse"),
+    "slice_steps": (SliceSteps, IMG, "mse"),
+    "concat_constant_and_axes": (ConcatConstant, IMG, "mse"),
+    "split_uneven": (SplitUneven, IMG, "mse"),
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_training, run_model
-from models import ResidualCNN, SmallCNN, blocked_cnn
+from models import ResidualCNN, ShuffleNetTiny, SmallCNN, blocked_cnn
 
 SHAPE = (1, 12, 12)
 
@@ -39,13 +39,21 @@ def test_sample_blocked_cnn_trajectory(web, site, opt_name):
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
 
 
+@pytest.mark.parametrize("opt_name", ["adam", "sgd_momentum_wd"])
+def test_shufflenet_units_trajectory(web, site, opt_name):
+    # channel split (chunk), concat and channel shuffle (gather passes) on the path of every weight
+    check_training(web, site, ShuffleNetTiny, (3, 13, 11), opt_name, "cross_entropy", samples=21, batch_size=8,
+                   epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
+
+
 def wide_mlp():
     return torch.nn.Sequential(torch.nn.Linear(300, 30), torch.nn.ReLU(), torch.nn.Linear(30, 5))
 
 
 @pytest.mark.parametrize("factory,shape,limit", [(small_cnn, SHAPE, 64), (ResidualCNN, SHAPE, 64),
-                                                 (wide_mlp, (300,), 64), (blocked_cnn, SHAPE, 80)],
-                         ids=["small_cnn", "residual_cnn", "wide_mlp", "blocked_cnn"])
+                                                 (wide_mlp, (300,), 64), (blocked_cnn, SHAPE, 80),
+                                                 (ShuffleNetTiny, (3, 13, 11), 48)],
+                         ids=["small_cnn", "residual_cnn", "wide_mlp", "blocked_cnn", "shufflenet"])
 def test_forced_texture_limit_folds_and_changes_nothing(web, site, factory, shape, limit):
     # maxBatch 8: the 12x12 activations are 8*12 = 96 rows, the MLP's input 75 texels wide: over the limit
     # (blocked_cnn's 16-channel activation, 48x96 texels, needs more than 64x64)

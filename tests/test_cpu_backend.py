@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from helpers import FWD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_op, check_training, run_model
-from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, OP_CASES, SmallCNN, mlp_45_31_7, sample_blocked_mlp
+from models import (BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, OP_CASES, ShuffleNetTiny, SmallCNN, mlp_45_31_7,
+                    sample_blocked_mlp)
 
 CPU = {"backend": "cpu"}
 
@@ -68,6 +69,12 @@ def small_cnn():
 
 def test_small_cnn_trajectory(web, site):
     got = check_training(web, site, small_cnn, (1, 12, 12), "adam", "cross_entropy", samples=21, batch_size=8,
+                         epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=CPU)
+    assert got["info"]["backend"] == "cpu"
+
+
+def test_shufflenet_units_trajectory(web, site):
+    got = check_training(web, site, ShuffleNetTiny, (3, 13, 11), "adam", "cross_entropy", samples=21, batch_size=8,
                          epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=CPU)
     assert got["info"]["backend"] == "cpu"
 

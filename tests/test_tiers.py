@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from helpers import FWD, GRAD, TRAJ_LOSS, TRAJ_W, build_module, check_op, check_training, run_model
-from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, OP_CASES, SmallCNN, mlp_45_31_7
+from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, OP_CASES, ShuffleNetTiny, SmallCNN, mlp_45_31_7
 
 F16_FWD = dict(atol=2e-2, rtol=2e-2)
 F16_GRAD = dict(atol=1e-5, rtol=0.0, norm=1e-2)
@@ -56,6 +56,12 @@ def test_rgba8_cnn_folded_trajectory(web, site):
                          batch_size=16, epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, max_batch=16,
                          options={"precision": "rgba8", "maxTextureSize": 160})
     assert got["info"]["precision"] == "rgba8" and got["folded"] > 0
+
+
+def test_rgba8_shufflenet_units_trajectory(web, site):
+    got = check_training(web, site, ShuffleNetTiny, (3, 13, 11), "adam", "cross_entropy", samples=21, batch_size=8,
+                         epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options={"precision": "rgba8"})
+    assert got["info"]["precision"] == "rgba8"
 
 
 def test_float16_converges_over_1000_steps(web, site):

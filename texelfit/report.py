@@ -48,8 +48,8 @@ def flops(layer, graph: Graph) -> int:
         return 4 * size
     if layer.op == "batchnorm":
         return 2 * size
-    if layer.op in ("flatten", "concat"):
-        return 0  # data movement only
+    if layer.op in ("flatten", "concat", "gather"):
+        return 0  # data movement only (gather: the shape ops)
     raise AssertionError(f"report.flops: no rule for op {layer.op!r}")
 
 
