@@ -39,7 +39,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         # decodeWeights returns the tensors one after another in the state_dict layout; the packing reads it
         spec = plan.textures["param:" + p.name]
         params.append({"name": p.name, "texture": spec.name, "shape": list(p.array.shape),
-                       "offset": offset, "length": int(p.array.size)})
+                       "offset": offset, "length": int(p.array.size), "trainable": graph.is_trainable(p.name)})
         offset += int(p.array.size)
     # packing: [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c] (prep/layout.py); for per-sample
     # textures it describes max_batch samples, and one sample is `sampleRows` rows of it
@@ -67,6 +67,10 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
             "output": out_spec.name,
         },
         "params": params,
+        # the parameters that train (build --trainable), and the frozen trunk's cut (Graph.trunk): its tensor,
+        # the texture holding it, and its per-sample shape and size; null when there is none
+        "trainable": graph.trainable_params(),
+        "trunk": _trunk(graph, plan),
     }
     return {
         "name": name,
@@ -86,7 +90,16 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "output_shape": list(graph.output_shape),
         "param_names": [p.name for p in graph.params.values()],
         "kernel_count": len(kernels),
+        "has_trunk": model["trunk"] is not None,  # the runtime's cached-trunk code is rendered only then
     }
+
+
+def _trunk(graph: Graph, plan: LayoutPlan) -> dict | None:
+    cut = graph.trunk()
+    if cut is None:
+        return None
+    return {"tensor": cut, "texture": plan.tensor(cut), "shape": list(graph.shapes[cut]),
+            "size": int(np.prod(graph.shapes[cut]))}
 
 
 def compact_js(text: str) -> str:
