@@ -17,6 +17,7 @@ from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
 from .kernels import render_common, template_env
+from .memory import plan_storage
 from .schedule import Schedule, serialize
 
 VERSION = "0.1.0"
@@ -28,8 +29,11 @@ def _js_json(obj) -> str:
 
 
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
-                  default_loss: str, weights: Quantized | None = None) -> dict:
-    """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given."""
+                  default_loss: str, weights: Quantized | None = None, storage: dict[str, int] | None = None) -> dict:
+    """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given. `storage`:
+    the shared storage of each texture that shares one (codegen/memory.py); planned here when not given."""
+    if storage is None:
+        storage = plan_storage(plan, schedule)
     kernels, sched = serialize(schedule, list(plan.textures))
     if weights is None:
         weights = quantize(graph, "none")
@@ -44,7 +48,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
     # packing: [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c] (prep/layout.py); for per-sample
     # textures it describes max_batch samples, and one sample is `sampleRows` rows of it
     textures = [{"name": t.name, "width": t.width, "height": t.height, "packing": t.packing.to_json(),
-                 "sampleRows": t.sample_rows, "double": t.double, "role": t.role}
+                 "sampleRows": t.sample_rows, "double": t.double, "role": t.role, "storage": storage.get(t.name, -1)}
                 for t in plan.textures.values()]
     out_spec = plan.textures[plan.tensor(graph.output)]
     model = {

@@ -10,6 +10,7 @@ compared for equality.
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 
 import numpy as np
@@ -357,3 +358,38 @@ def test_an_inference_only_bundle_refuses_to_train(web, site):
     """, {"x": x.reshape(-1).tolist(), "y": y.tolist()})
     assert more["code"] == "not-trainable"
     assert_close("predict", more["out"], module(x).detach().numpy(), **FWD)
+
+
+# ---- memory: textures with disjoint lifetimes share storage -------------------------------------
+
+def test_textures_with_disjoint_lifetimes_share_storage_and_the_report_gives_bytes_per_role():
+    from texelfit.codegen.memory import GROUPS, sequence
+    from texelfit.codegen.schedule import build_schedule
+
+    onnx_model = export_simplified(ResidualCNN(), SHAPE)
+    for trainable in ("*", "head.*", "none"):
+        r = compile_onnx(onnx_model, name="m", input_shape=SHAPE, max_batch=16, trainable=trainable)
+        textures = json.loads(r.files["m.js"].split("const TEXTURES = ", 1)[1].split(";\n", 1)[0])
+        storage = {t["name"]: t["storage"] for t in textures if t["storage"] >= 0}
+        assert storage, f"{trainable}: nothing shares"
+        # an independent check of the lifetimes: no pass touches two textures of one storage, and between
+        # a texture's first and last use no other of its storage is used
+        seq = sequence(build_schedule(r.graph, r.plan))
+        uses = {}
+        for i, p in enumerate(seq):
+            touched = [n for n in list(p.inputs) + list(p.outputs) if n in storage]
+            assert len({storage[n] for n in touched}) == len(set(touched)), (trainable, p.label, touched)
+            for n in touched:
+                uses.setdefault(n, []).append(i)
+        for a in storage:
+            for b in storage:
+                if a < b and storage[a] == storage[b]:
+                    assert max(uses[a]) < min(uses[b]) or max(uses[b]) < min(uses[a]), (trainable, a, b)
+        roles = r.report["texture_bytes_by_role"]
+        assert set(roles["before"]) == set(roles["after"]) == set(GROUPS)
+        assert roles["total_before"] == r.plan.total_bytes() == sum(roles["before"].values())
+        assert roles["total_after"] < roles["total_before"]
+        if trainable == "none":
+            assert roles["before"]["gradients"] == roles["before"]["optimizer_state"] == 0
+        if trainable == "head.*":
+            assert r.report["trunk"] and roles["trunk_cache_bytes_per_sample"] > 0

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from texelfit.codegen.render import model_context, render_bundle, report
+from texelfit.codegen.memory import plan_storage, role_bytes
 from texelfit.codegen.schedule import build_schedule
 from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.fuse import fuse_activations
@@ -109,9 +110,15 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     plan = plan_layout(graph, max_batch)
     check_layout(plan)
     schedule = build_schedule(graph, plan)
-    ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights)
+    storage = plan_storage(plan, schedule)
+    ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights, storage)
     files = render_bundle(ctx)
     rep = report(name, graph, plan, ctx, files)
+    trunk = graph.trunk()
+    trunk_bytes = plan.textures[plan.tensor(trunk)].width * plan.textures[plan.tensor(trunk)].sample_rows * 16 if trunk else 0
+    rep["texture_bytes_by_role"] = role_bytes(plan, storage, trunk_bytes)
+    rep["trainable"] = graph.trainable_params()
+    rep["trunk"] = trunk
 
     from texelfit.report import layer_table
 

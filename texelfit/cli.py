@@ -166,7 +166,7 @@ def _untrained_note(args):
 
 def cmd_build(args) -> None:
     from texelfit.build import build
-    from texelfit.report import format_table
+    from texelfit.report import format_role_bytes, format_table
 
     _untrained_note(args)
     result = build(args.source, args.out, name=args.name, prune=args.prune, trainable=args.trainable,
@@ -176,6 +176,10 @@ def cmd_build(args) -> None:
           f"{len(rep['layers'])} layers, {rep['kernels']} kernels, "
           f"{rep['files'][rep['name'] + '.js']} bytes, {rep['texture_bytes']} bytes of textures")
     print(format_table(rep["table"], rep["accuracy"], args.quantize))
+    print(format_role_bytes(rep["texture_bytes_by_role"]))
+    if rep["trainable"] != [r["name"] for layer in rep["layers"] for r in layer["params"].values()]:
+        print(f"texelfit: trains {len(rep['trainable'])} of the parameter tensors ({', '.join(rep['trainable']) or 'none'}); "
+              f"frozen trunk: {rep['trunk'] or 'none'}")
     if args.prune:
         for g in rep["prune"]["groups"]:
             if g["unpruned_because"] and g["unpruned_because"] != "it is the model output":
