@@ -14,11 +14,14 @@ reads and writes one storage (a feedback loop in WebGL2).
 
 What outlives a run, or is written from the page, keeps its own storage: weights and optimizer
 state (double-buffered), parameter gradients (read back by gradients()), the input, labels and
-targets (uploaded), the loss ring (read every few steps), any texture whose first use in the
-sequence is a read, and the outputs of a pass with several render targets (a WebGL2 framebuffer's
-attachments must be of one size: the sample-blocked parts, a max-pool's output and arg-max).
+targets (uploaded), the loss ring (read every few steps), and any texture whose first use in the
+sequence is a read.
 
-A storage is allocated greedily in the order of first use: a texture takes the free storage that
+The render targets of one pass (the sample-blocked parts blk0..7:T, a max-pool's output and
+arg-max) must be of one size in WebGL2: they are one unit, which takes a slot of as many storages,
+all of one size, from units of as many textures before it.
+
+Storage is allocated greedily in the order of first use: a texture takes the free storage that
 grows least (best fit), if it grows by less than the texture's own size, else a new one. The
 runtime (textures.js.j2, cpu.js.j2) makes one texture per storage and format, as large as the
 largest of its textures in each dimension (after folding), and gives each of them that one.
@@ -41,11 +44,13 @@ GROUPS = ("weights", "activations", "gradients", "optimizer_state", "trunk_cache
 
 
 @dataclass
-class Storage:
+class Slot:
+    """k storages of one size, taken by units of k textures (one texture, or the k render targets of a pass)."""
+    k: int
     width: int
     height: int
-    end: int  # last pass index using it
-    members: list[str]
+    end: int  # the last pass index using it
+    units: list[tuple[str, ...]]
 
 
 def sequence(schedule: Schedule) -> list:
@@ -53,48 +58,64 @@ def sequence(schedule: Schedule) -> list:
     return out + [p for ps in schedule.optimizer.values() for p in ps]
 
 
-def plan_storage(plan: LayoutPlan, schedule: Schedule, pinned: tuple[str, ...] = ()) -> dict[str, int]:
+def plan_storage(plan: LayoutPlan, schedule: Schedule) -> dict[str, int]:
     """Texture name -> storage index, for the textures that share; the others keep their own."""
+    tex = plan.textures
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     read_first: set[str] = set()
-    together: set[str] = set()  # outputs of a pass with several render targets: WebGL2 needs them of one size
+    units: dict[str, tuple[str, ...]] = {}  # texture -> the render targets it is drawn with
     for i, p in enumerate(sequence(schedule)):
         if len(p.outputs) > 1:
-            together.update(p.outputs)
+            for name in p.outputs:
+                units[name] = tuple(p.outputs)
         for name in p.inputs:
             if name not in first:
                 read_first.add(name)
         for name in list(p.inputs) + list(p.outputs):
             first.setdefault(name, i)
             last[name] = i
-    tex = plan.textures
-    candidates = [n for n in tex if n in first and n not in read_first and n not in pinned and n not in together
-                  and tex[n].role not in OWN_ROLES and not tex[n].double]
-    candidates.sort(key=lambda n: (first[n], list(tex).index(n)))
-    storages: list[Storage] = []
-    assign: dict[str, int] = {}
-    for n in candidates:
-        t = tex[n]
+
+    def shares(n):
+        return n in first and n not in read_first and tex[n].role not in OWN_ROLES and not tex[n].double
+
+    order = {n: i for i, n in enumerate(tex)}
+    candidates = []
+    for n in tex:
+        unit = units.get(n, (n,))
+        if n != unit[0] or not all(shares(m) for m in unit):
+            continue
+        if len({(tex[m].width, tex[m].height) for m in unit}) != 1 or len({units.get(m, (m,)) for m in unit}) != 1:
+            continue  # (attachments of several sizes, or drawn with others elsewhere: keep their own)
+        candidates.append(unit)
+    candidates.sort(key=lambda u: (min(first[m] for m in u), order[u[0]]))
+    slots: list[Slot] = []
+    for unit in candidates:
+        t, start = tex[unit[0]], min(first[m] for m in unit)
         best, growth = None, t.width * t.height
-        for k, s in enumerate(storages):
-            if s.end >= first[n]:
+        for i, s in enumerate(slots):
+            if s.k != len(unit) or s.end >= start:
                 continue
             g = max(s.width, t.width) * max(s.height, t.height) - s.width * s.height
             if g < growth:
-                best, growth = k, g
+                best, growth = i, g
+        end = max(last[m] for m in unit)
         if best is None:
-            storages.append(Storage(t.width, t.height, last[n], [n]))
-            best = len(storages) - 1
+            slots.append(Slot(len(unit), t.width, t.height, end, [unit]))
         else:
-            s = storages[best]
-            s.width, s.height, s.end = max(s.width, t.width), max(s.height, t.height), last[n]
-            s.members.append(n)
-        assign[n] = best
-    # a storage of one texture is that texture's own
-    alone = {k for k in range(len(storages)) if len(storages[k].members) == 1}
-    index = {k: i for i, k in enumerate(k for k in range(len(storages)) if k not in alone)}
-    return {n: index[k] for n, k in assign.items() if k not in alone}
+            s = slots[best]
+            s.width, s.height, s.end = max(s.width, t.width), max(s.height, t.height), end
+            s.units.append(unit)
+    # storage j of a slot holds the j-th texture of each of its units; a slot of one unit is its own
+    out: dict[str, int] = {}
+    for s in slots:
+        if len(s.units) == 1:
+            continue
+        base = len(set(out.values()))
+        for unit in s.units:
+            for j, n in enumerate(unit):
+                out[n] = base + j
+    return out
 
 
 def role_bytes(plan: LayoutPlan, storage: dict[str, int], trunk_bytes_per_sample: int = 0) -> dict:
