@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from helpers import FWD, GRAD, OPTIMIZERS, TRAJ_LOSS, TRAJ_W, assert_close, build_module, run_cli, run_model, \
     torch_fit, torch_state
-from models import ResidualCNN, SmallCNN
+from models import ResidualCNN, SmallCNN, trunk_two_layer_head
 
 from texelfit.build import compile_onnx
 from texelfit.prep.load import BuildError, export_simplified
@@ -31,12 +30,6 @@ SHAPE = (1, 12, 12)
 
 def small_cnn():
     return SmallCNN(1, 10)
-
-
-def trunk_two_layer_head():
-    """A conv trunk (conv, relu, pool, conv, relu, flatten: 72 features on 1x12x12) under a two-layer head."""
-    return nn.Sequential(nn.Conv2d(1, 6, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 8, 3), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(72, 16), nn.ReLU(), nn.Linear(16, 10))
 
 
 def _url(site, module, trainable, shape=SHAPE, max_batch=64):
@@ -256,6 +249,28 @@ def test_lost_context_during_a_cached_fit_loses_nothing(web, site):
     assert got["lost"] and got["loss"] == got["refLoss"]
     for name in got["ref"]:
         np.testing.assert_array_equal(np.float32(got["weights"][name]), np.float32(got["ref"][name]), err_msg=name)
+
+
+def test_import_weights_of_a_head_only_fit(web, site, tmp_path):
+    from texelfit.importer import import_weights
+
+    torch.manual_seed(10)
+    module = trunk_two_layer_head()
+    shipped = tmp_path / "shipped.pt"
+    torch.save(module.state_dict(), shipped)
+    x, y = data(16)
+    got = run_model(web, _url(site, module, "6.*,8.*"), """
+        await m.fit(new Float32Array(args.x), Int32Array.from(args.y), { batchSize: 8, epochs: 2 });
+        return arr(await m.getWeights());
+    """, {"x": x.reshape(-1).tolist(), "y": y.tolist()})
+    (tmp_path / "w.json").write_text(json.dumps(got))
+    import_weights(str(tmp_path / "w.json"), "models:trunk_two_layer_head", str(tmp_path / "out.pt"),
+                   input_shape=SHAPE, weights=str(shipped))
+    back = torch.load(tmp_path / "out.pt", weights_only=True)
+    for name, value in module.state_dict().items():
+        np.testing.assert_array_equal(back[name].numpy().reshape(-1), np.float32(got[name]), err_msg=name)
+        trained = not np.array_equal(back[name].numpy(), value.numpy())
+        assert trained == name.startswith(("6.", "8.")), name
 
 
 # ---- errors: each names the problem and changes nothing -----------------------------------------
