@@ -18,6 +18,7 @@ from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
 from .kernels import render_common, template_env
+from .memory import plan_storage
 from .schedule import Schedule, serialize
 
 VERSION = "0.1.0"
@@ -29,8 +30,11 @@ def _js_json(obj) -> str:
 
 
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
-                  default_loss: str, weights: Quantized | None = None) -> dict:
-    """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given."""
+                  default_loss: str, weights: Quantized | None = None, storage: dict[str, int] | None = None) -> dict:
+    """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given. `storage`:
+    the shared storage of each texture that shares one (codegen/memory.py); planned here when not given."""
+    if storage is None:
+        storage = plan_storage(plan, schedule)
     kernels, sched, elementwise = serialize(schedule, list(plan.textures))
     if weights is None:
         weights = quantize(graph, "none")
@@ -40,12 +44,12 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         # decodeWeights returns the tensors one after another in the state_dict layout; the packing reads it
         spec = plan.textures["param:" + p.name]
         params.append({"name": p.name, "texture": spec.name, "shape": list(p.array.shape),
-                       "offset": offset, "length": int(p.array.size)})
+                       "offset": offset, "length": int(p.array.size), "trainable": graph.is_trainable(p.name)})
         offset += int(p.array.size)
     # packing: [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c] (prep/layout.py); for per-sample
     # textures it describes max_batch samples, and one sample is `sampleRows` rows of it
     textures = [{"name": t.name, "width": t.width, "height": t.height, "packing": t.packing.to_json(),
-                 "sampleRows": t.sample_rows, "double": t.double, "role": t.role}
+                 "sampleRows": t.sample_rows, "double": t.double, "role": t.role, "storage": storage.get(t.name, -1)}
                 for t in plan.textures.values()]
     out_spec = plan.textures[plan.tensor(graph.output)]
     model = {
@@ -68,6 +72,10 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
             "output": out_spec.name,
         },
         "params": params,
+        # the parameters that train (build --trainable), and the frozen trunk's cut (Graph.trunk): its tensor,
+        # the texture holding it, and its per-sample shape and size; null when there is none
+        "trainable": graph.trainable_params(),
+        "trunk": _trunk(graph, plan),
     }
     return {
         "name": name,
@@ -90,7 +98,16 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "output_shape": list(graph.output_shape),
         "param_names": [p.name for p in graph.params.values()],
         "kernel_count": len(kernels),
+        "has_trunk": model["trunk"] is not None,  # the runtime's cached-trunk code is rendered only then
     }
+
+
+def _trunk(graph: Graph, plan: LayoutPlan) -> dict | None:
+    cut = graph.trunk()
+    if cut is None:
+        return None
+    return {"tensor": cut, "texture": plan.tensor(cut), "shape": list(graph.shapes[cut]),
+            "size": int(np.prod(graph.shapes[cut]))}
 
 
 def compact_js(text: str) -> str:

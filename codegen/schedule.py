@@ -8,6 +8,11 @@ The runtime is a small interpreter over what this module returns:
                                     is backward without the parameter-gradient passes, which the
                                     optimizer passes compute themselves (ops/optim.py)
     gradients(loss)                 forward + loss[loss] + backward
+    features / cached trunk         forward[:trunkPasses] (the frozen trunk, Graph.trunk), and the head:
+                                    forward[trunkPasses:]
+
+Only trainable parameters (Graph.trainable) have optimizer passes; with none, there is no loss
+either. The backward has passes only for tensors that depend on a trainable parameter.
 
 A pass is {kernel, inputs (texture per sampler, in the kernel's order),
 outputs (textures, one per render target), rows}. `rows` says what part of the
@@ -39,6 +44,7 @@ class Schedule:
     optimizer: dict[str, list[Pass]] = field(default_factory=dict)
     swaps: dict[str, list[str]] = field(default_factory=dict)
     train_backward: list[int] = field(default_factory=list)  # indices into backward
+    trunk_passes: int = 0  # forward[:trunk_passes] computes the frozen trunk's output (Graph.trunk), or 0: none
 
     def all_passes(self) -> list[Pass]:
         out = self.forward + self.backward
@@ -50,8 +56,11 @@ class Schedule:
 def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
     s = Schedule()
     tex = plan.textures
+    trunk = graph.trunk()
     for layer in graph.layers:
         s.forward += ops.forward(layer, graph, plan)
+        if trunk in layer.outputs:  # the frozen trunk's passes: a prefix of the forward
+            s.trunk_passes = len(s.forward)
     for layer in reversed(graph.layers):
         out = layer.outputs[0]
         if out not in plan.needs_grad:  # nothing it reads needs a gradient (or the loss reads its input)
@@ -64,6 +73,8 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
     for loss in ops.LOSSES:
         if loss == "cross_entropy" and len(graph.output_shape) != 1:
             continue  # class logits only
+        if graph.loss_input() not in plan.needs_grad:
+            continue  # nothing trains (--trainable none): no loss, no backward, no optimizer
         if loss == "mse" and graph.loss_input() != graph.output:
             continue  # a softmax output trains on its logits, by cross_entropy
         s.loss[loss] = ops.loss_passes(loss, out_spec, plan.grad_targets[("<loss>", 0)])
@@ -78,7 +89,11 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
     for opt in ops.OPTIMIZERS:
         s.optimizer[opt] = []
         s.swaps[opt] = []
+        if not s.loss:
+            continue
         for p in graph.params.values():
+            if not graph.is_trainable(p.name):
+                continue  # frozen: no optimizer pass, no state
             for grad in grad_passes["pgrad:" + p.name]:
                 passes, swaps = ops.optimizer_pass(opt, p.name, grad)
                 s.optimizer[opt] += passes
@@ -132,6 +147,7 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
         "optimizer": {k: passes(v) for k, v in schedule.optimizer.items()},
         "swaps": {k: [tex[n] for n in v] for k, v in schedule.swaps.items()},
         "trainBackward": schedule.train_backward,
+        "trunkPasses": schedule.trunk_passes,
     }
     return kernels, data, sorted(functions.values(), key=lambda f: f["id"])
 

@@ -90,6 +90,9 @@ class Graph:
     shapes: dict[str, tuple[int, ...]]  # tensor name -> per-sample shape
     layers: list[Layer]
     params: dict[str, Param]  # in a stable order (the ONNX initializer order)
+    # the parameters that train (build --trainable); None: all of them. The others are frozen: shipped as
+    # they are, with no gradient, no optimizer state and no pass that would need one
+    trainable: frozenset[str] | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -123,13 +126,41 @@ class Graph:
         spatial = int(np.prod(out[1:])) if len(out) == 3 else 1
         return int(self.params[layer.params["weight"]].array.size) * spatial
 
+    def is_trainable(self, param: str) -> bool:
+        return self.trainable is None or param in self.trainable
+
+    def trainable_params(self) -> list[str]:
+        """The trainable parameters' names, in the graph's order."""
+        return [n for n in self.params if self.is_trainable(n)]
+
+    def trains(self, layer: Layer) -> bool:
+        """Whether `layer` owns a trainable parameter."""
+        return any(self.is_trainable(n) for n in layer.params.values())
+
     def needs_grad(self) -> set[str]:
-        """Tensors whose gradient the backward pass must compute: those that depend on a weight."""
+        """Tensors whose gradient the backward pass must compute: those that depend on a trainable
+        parameter. Below the lowest trainable layer the backward computes nothing."""
         out: set[str] = set()
         for layer in self.layers:
-            if layer.params or any(t in out for t in layer.inputs):
+            if self.trains(layer) or any(t in out for t in layer.inputs):
                 out.update(layer.outputs)
         return out
+
+    def trunk(self) -> str | None:
+        """The cut tensor of the frozen trunk: the latest tensor T such that every layer after T's
+        producer reads only T and tensors produced after it, and no layer up to it trains (so the
+        head, the layers after it, computes from T alone and T does not change while the head
+        trains; every IR op is deterministic). None when the first trainable layer reads the input
+        (nothing to cache) or nothing trains."""
+        first = next((i for i, layer in enumerate(self.layers) if self.trains(layer)), None)
+        if first is None:
+            return None
+        for k in range(first - 1, -1, -1):
+            cut = self.layers[k].outputs[0]
+            later = {t for layer in self.layers[k + 1:] for t in layer.outputs}
+            if all(t == cut or t in later for layer in self.layers[k + 1:] for t in layer.inputs):
+                return cut
+        return None
 
 
 def operands(layer: Layer, graph: Graph) -> list[dict]:

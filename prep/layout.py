@@ -361,13 +361,16 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         if parts := split_k(layer, graph):  # float32 in every tier: partial sums
             p = activation_packing((graph.shapes[out][0], parts, 1), max_batch)
             add(TextureSpec("split:" + out, "partial", (max_batch,) + graph.shapes[out], p, p.rows, p.r2))
-        if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
+        # below the lowest trainable layer (out needs no gradient) the backward has no pass, and a frozen
+        # weight no gradient pass: neither needs the textures that follow
+        if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none" and out in needs:
             per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
         # the weight gradient's factor with the samples as channels (see above); a dense layer's one-sample
         # weight gradient reads dZ as it is, so only a blocked one needs dzt:
-        if layer.op == "dense" and weight_grad_blocked(layer, graph, max_batch):
+        trains_weight = layer.op in ("dense", "conv") and graph.is_trainable(layer.params["weight"])
+        if layer.op == "dense" and trains_weight and weight_grad_blocked(layer, graph, max_batch):
             samples_last("dzt:" + out, "gradient", out, rows_of=4)
-        if layer.op == "conv":
+        if layer.op == "conv" and trains_weight:
             samples_last("xt:" + act_alias.get(layer.inputs[0], layer.inputs[0]), "activation", layer.inputs[0])
 
     # Gradients. A tensor with one consumer gets grad:T written by that consumer's backward;
@@ -427,6 +430,9 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             o, i = p.canonical().shape
             packing = matrix_packing(o, i, p.transposed)
             height = ceil_div(o, 4) * 4
+        if not graph.is_trainable(p.name):  # frozen: the weight alone, never written, so not double-buffered
+            add(TextureSpec("param:" + p.name, "param", tuple(p.array.shape), packing, height))
+            continue
         for role_name, prefix in (("param", "param:"), ("param_grad", "pgrad:"), ("state", "m:"), ("state", "v:")):
             add(TextureSpec(prefix + p.name, role_name, tuple(p.array.shape), packing, height,
                             double=role_name in ("param", "state")))

@@ -14,10 +14,11 @@ from texelfit.prep.load import export_simplified
 
 
 def build_module(site, folder: str, module: torch.nn.Module, input_shape, *, max_batch=64, loss="cross_entropy",
-                 name="model") -> str:
+                 name="model", trainable="*") -> str:
     """Export `module` the way `texelfit build` does and serve the bundle; returns the module URL."""
     onnx_model = export_simplified(module, tuple(input_shape))
-    result = compile_onnx(onnx_model, name=name, input_shape=input_shape, max_batch=max_batch, loss=loss)
+    result = compile_onnx(onnx_model, name=name, input_shape=input_shape, max_batch=max_batch, loss=loss,
+                          trainable=trainable)
     url = site.add_files(folder, result.files)
     return f"{url}/{name}.js"
 

@@ -670,3 +670,10 @@ class SoftmaxHead(nn.Module):
 
     def logits(self, x):
         return self.out(torch.softmax(self.fc(torch.flatten(torch.relu(self.conv(x)), 1)), dim=1))
+
+
+def trunk_two_layer_head():
+    """On 1x12x12: a conv trunk (conv, relu, pool, conv, relu, flatten: 72 features) under a two-layer head
+    (6: 72->16, relu, 8: 16->10): the transfer-learning tests' model."""
+    return nn.Sequential(nn.Conv2d(1, 6, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 8, 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(72, 16), nn.ReLU(), nn.Linear(16, 10))

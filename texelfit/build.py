@@ -15,6 +15,8 @@ records the accuracy before pruning, after pruning, after fine-tuning and of the
 """
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import json
 import os
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from texelfit.codegen.render import model_context, render_bundle, report
+from texelfit.codegen.memory import plan_storage, role_bytes
 from texelfit.codegen.schedule import build_schedule
 from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.fuse import fuse_activations
@@ -59,7 +62,7 @@ class BuildResult:
 def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, loss: str = "cross_entropy",
                  quantize: str = DEFAULT_QUANTIZE, prune: float = DEFAULT_PRUNE, round_channels: bool = True,
                  finetune_epochs: int = 0, finetune_data: Data | None = None, finetune_lr: float = FINETUNE_LR,
-                 eval_data: Data | None = None, progress: bool = False) -> BuildResult:
+                 eval_data: Data | None = None, progress: bool = False, trainable: str = "*") -> BuildResult:
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BuildError(f"--name {name!r} must be letters, digits, '-' and '_' only")
     if not isinstance(max_batch, int) or not 1 <= max_batch <= 4096:
@@ -78,6 +81,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     full = fold_batchnorm(to_ir(model, input_shape))
     if not full.params:
         raise BuildError("the model has no trainable weights")
+    trains = resolve_trainable(trainable, list(full.params))
     if eval_data is not None:
         eval_data = check_data(eval_data, full, loss, "--eval-data")
     if finetune_data is not None:
@@ -102,13 +106,19 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     if eval_data is not None:
         acc.update(_evaluate(weights.graph, eval_data, "after_quantize"))
 
-    graph = fuse_activations(weights.graph)
+    graph = dataclasses.replace(fuse_activations(weights.graph), trainable=trains)
     plan = plan_layout(graph, max_batch)
     check_layout(plan)
     schedule = build_schedule(graph, plan)
-    ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights)
+    storage = plan_storage(plan, schedule)
+    ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights, storage)
     files = render_bundle(ctx)
     rep = report(name, graph, plan, ctx, files)
+    trunk = graph.trunk()
+    trunk_bytes = plan.textures[plan.tensor(trunk)].width * plan.textures[plan.tensor(trunk)].sample_rows * 16 if trunk else 0
+    rep["texture_bytes_by_role"] = role_bytes(plan, storage, trunk_bytes)
+    rep["trainable"] = graph.trainable_params()
+    rep["trunk"] = trunk
 
     from texelfit.report import layer_table
 
@@ -119,6 +129,25 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     rep["accuracy"] = acc or None
     files["report.json"] = json.dumps(rep, indent=2, sort_keys=True) + "\n"
     return BuildResult(graph, plan, files, rep, weights)
+
+
+def resolve_trainable(patterns: str, names: list[str]) -> frozenset[str] | None:
+    """`--trainable`: comma-separated fnmatch patterns over the parameter names (the state_dict names;
+    a bias that batch-norm folding added is named after its weight, prep/fold.py), "*" (all: None) or
+    "none" (an inference-only bundle). A pattern that matches no name fails, listing the names."""
+    if not isinstance(patterns, str) or not patterns.strip():
+        raise BuildError("--trainable needs comma-separated patterns over the parameter names, '*' or 'none'")
+    if patterns.strip() == "none":
+        return frozenset()
+    chosen: set[str] = set()
+    for pat in (p.strip() for p in patterns.split(",")):
+        if not pat:
+            raise BuildError(f"--trainable {patterns!r} has an empty pattern")
+        hits = fnmatch.filter(names, pat)
+        if not hits:
+            raise BuildError(f"--trainable pattern {pat!r} matches no parameter; the parameters are: {', '.join(names)}")
+        chosen.update(hits)
+    return None if len(chosen) == len(names) else frozenset(chosen)
 
 
 def _evaluate(graph: Graph, data: Data, stage: str) -> dict:
@@ -189,11 +218,11 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
           max_batch: int = 64, loss: str = "cross_entropy", quantize: str = DEFAULT_QUANTIZE,
           prune: float = DEFAULT_PRUNE, round_channels: bool = True, finetune_epochs: int = 0,
           finetune_data: str | None = None, finetune_lr: float = FINETUNE_LR, eval_data: str | None = None,
-          trust_pickle: bool = False, progress: bool = False) -> BuildResult:
+          trust_pickle: bool = False, progress: bool = False, trainable: str = "*") -> BuildResult:
     result = compile_source(source, name=name, weights=weights, input_shape=input_shape, max_batch=max_batch,
                             loss=loss, quantize=quantize, prune=prune, round_channels=round_channels,
                             finetune_epochs=finetune_epochs, finetune_data=finetune_data, finetune_lr=finetune_lr,
-                            eval_data=eval_data, trust_pickle=trust_pickle, progress=progress)
+                            eval_data=eval_data, trust_pickle=trust_pickle, progress=progress, trainable=trainable)
     write_files(out, result.files)
     return result
 

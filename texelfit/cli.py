@@ -114,6 +114,10 @@ def parser() -> argparse.ArgumentParser:
                                   f"{DEFAULT_SOURCE} is the default model (see `texelfit train`)")
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--name", help="bundle name (default: from the source)")
+    b.add_argument("--trainable", default="*", metavar="PATTERNS",
+                   help="the parameters that train: comma-separated fnmatch patterns over their names (state_dict "
+                        "names), e.g. 'classifier.*,features.18.*'; the others are frozen (no gradient, no optimizer "
+                        "state, no passes). Default '*' (all); 'none' builds an inference-only bundle")
     _model_options(b)
 
     t = sub.add_parser("train", help="train the default model (a small CNN) on scikit-learn's 8x8 digits")
@@ -162,15 +166,20 @@ def _untrained_note(args):
 
 def cmd_build(args) -> None:
     from texelfit.build import build
-    from texelfit.report import format_table
+    from texelfit.report import format_role_bytes, format_table
 
     _untrained_note(args)
-    result = build(args.source, args.out, name=args.name, prune=args.prune, **_options(args))
+    result = build(args.source, args.out, name=args.name, prune=args.prune, trainable=args.trainable,
+                   **_options(args))
     rep = result.report
     print(f"texelfit: built {args.out}/{rep['name']}.js: {rep['parameters']} parameters, "
           f"{len(rep['layers'])} layers, {rep['kernels']} kernels, "
           f"{rep['files'][rep['name'] + '.js']} bytes, {rep['texture_bytes']} bytes of textures")
     print(format_table(rep["table"], rep["accuracy"], args.quantize))
+    print(format_role_bytes(rep["texture_bytes_by_role"]))
+    if rep["trainable"] != [r["name"] for layer in rep["layers"] for r in layer["params"].values()]:
+        print(f"texelfit: trains {len(rep['trainable'])} of the parameter tensors ({', '.join(rep['trainable']) or 'none'}); "
+              f"frozen trunk: {rep['trunk'] or 'none'}")
     if args.prune:
         for g in rep["prune"]["groups"]:
             if g["unpruned_because"] and g["unpruned_because"] != "it is the model output":

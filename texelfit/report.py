@@ -161,3 +161,17 @@ def plot_sweep(points: list[dict], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, metadata={"Software": None})
     plt.close(fig)
+
+
+def format_role_bytes(roles: dict) -> str:
+    """The texture bytes per role before and after sharing storage (codegen/memory.py), as table lines."""
+    lines = [f"{'texture bytes by role':<22}  {'planned':>12}  {'shared':>12}"]
+    for k in roles["before"]:
+        if k == "trunk_cache":
+            continue
+        lines.append(f"{k.replace('_', ' '):<22}  {_size(roles['before'][k]):>12}  {_size(roles['after'][k]):>12}")
+    lines.append(f"{'total':<22}  {_size(roles['total_before']):>12}  {_size(roles['total_after']):>12}  "
+                 f"({roles['shared_textures']} textures in {roles['storages']} shared storages)")
+    if roles["trunk_cache_bytes_per_sample"]:
+        lines.append(f"trunk cache (page memory, not a texture): {roles['trunk_cache_bytes_per_sample']} B a sample of a fit")
+    return "\n".join(lines)

@@ -91,8 +91,10 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
             Pass(split, one.inputs[:2], ["split:" + y], "batch", layer.name, blocked=one.blocked),
             Pass(kernel("reduce", ("P",) + (("B",) if b else ()), split=parts), ["split:" + y] + ([b] if b else []),
                  one.outputs, "batch", layer.name, blocked=one.blocked)]
-    dz, tx = plan.grad(y), plan.tensor(x)
     backward = []
+    if y not in plan.needs_grad:  # below the lowest trainable layer: the backward stops before this one
+        return forward, backward
+    dz, tx = plan.grad(y), plan.tensor(x)
     if c["act"] != "none":
         # dZ = dY * act'(Y) once, into dz:Y (layout.py allocates it): the gradient kernels below
         # read only dZ, the gradient before the activation. Where Y's one consumer is a dense layer, its
@@ -105,6 +107,8 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
     # grad_weight sums over the samples: it reads the factor that the weight's texel does not pack
     # with the samples as channels (layout.py), 4 samples a fetch: X of a conv, and dZ of a dense
     # layer where its weight gradient is blocked (only that twin reads it: the one-sample pass reads dZ)
+    # a frozen weight or bias has no gradient pass (layout.py plans no texture for it)
+    weight, bias = layer.params["weight"], b and layer.params["bias"]
     if family == "dense":
         src, st, names, factors = dz, "dzt:" + y, ("DZ", "X"), [dz, tx]
     else:
@@ -122,9 +126,10 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
                              [src], [st], "full", layer.name, blocked=True if family == "dense" else None))
         if family == "dense":
             blocked_reads = ("DZT", "X"), [st, tx]
-    backward += blockable("grad_weight", names, ("u_batch", "u_loss_scale"), factors, "pgrad:" + layer.params["weight"],
-                          "full", blocked_reads)
-    if b:
+    if "pgrad:" + weight in plan.textures:
+        backward += blockable("grad_weight", names, ("u_batch", "u_loss_scale"), factors, "pgrad:" + weight, "full",
+                              blocked_reads)
+    if b and "pgrad:" + bias in plan.textures:
         backward.append(Pass(kernel("grad_bias", ("DZ",), ("u_batch", "u_loss_scale")), [dz],
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))
     target = grad_target(plan, layer, 0)

@@ -93,8 +93,10 @@ def backward(layer, graph, plan):
             target, rows = grad_target(plan, layer, spec["input"]), "batch"
             if not target:
                 continue
-        else:
+        elif graph.is_trainable(layer.params[spec["role"]]):
             target, rows = "pgrad:" + layer.params[spec["role"]], "full"
+        else:
+            continue  # a frozen parameter (build --trainable)
         reads_y = "out" in leaves(derivatives_of(layer.op, layer.attrs)[j])
         inputs = ("DY",) + tuple(names) + (("Y",) if reads_y else ())
         uniforms = ("u_batch",) + (("u_loss_scale",) if spec["kind"] == "param" else ())
