@@ -677,3 +677,9 @@ def trunk_two_layer_head():
     (6: 72->16, relu, 8: 16->10): the transfer-learning tests' model."""
     return nn.Sequential(nn.Conv2d(1, 6, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 8, 3), nn.ReLU(), nn.Flatten(),
                          nn.Linear(72, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
+def conv_224_bn():
+    """A conv with batch-norm on 224x224 images: at --max-batch 64 its textures pass 1 GB (test_cli.py)."""
+    return nn.Sequential(nn.Conv2d(3, 24, 3, padding=1), nn.BatchNorm2d(24), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(24, 4))

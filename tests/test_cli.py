@@ -24,8 +24,8 @@ def sources(tmp_path_factory):
     torch.jit.save(torch.jit.trace(m, torch.randn(2, 45)), d / "scripted.pt")
     torch.onnx.export(m, (torch.randn(2, 45),), str(d / "mlp.onnx"), dynamo=False, input_names=["x"],
                       output_names=["y"], dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
-    torch.onnx.export(torch.nn.Sequential(torch.nn.Linear(45, 7), torch.nn.Softmax(dim=1)), (torch.randn(2, 45),),
-                      str(d / "softmax.onnx"), dynamo=False, dynamic_axes={"input": {0: "n"}}, input_names=["input"])
+    torch.onnx.export(torch.nn.Sequential(torch.nn.Linear(45, 7), torch.nn.LayerNorm(7)), (torch.randn(2, 45),),
+                      str(d / "layernorm.onnx"), dynamo=False, dynamic_axes={"input": {0: "n"}}, input_names=["input"])
     return d, m
 
 
@@ -63,7 +63,8 @@ def test_errors_are_one_clear_line(sources, tmp_path, error_case):
     d, _ = sources
     torch.save({"0.weight": torch.zeros(3, 3)}, tmp_path / "wrong.pt")
     args, words = {
-        "unsupported_op": ([str(d / "softmax.onnx")], ["unsupported ONNX op Softmax", "/1/Softmax", "supported ops: Gemm"]),
+        "unsupported_op": ([str(d / "layernorm.onnx")], ["unsupported ONNX op LayerNormalization (from nn.LayerNorm)",
+                                                         "/1/LayerNormalization", "supported ops: Gemm"]),
         "missing_shape": (["models:mlp_45_31_7"], ["--input-shape is needed"]),
         "bad_weights": (["models:mlp_45_31_7", "--weights", str(tmp_path / "wrong.pt"), "--input-shape", "45"],
                         ["does not fit the model"]),
@@ -100,3 +101,17 @@ def test_every_source_kind_predicts_like_pytorch(sources, site, web, kind):
     assert got["max"] == 5
     if kind != "onnx":  # ONNX files keep whatever initializer names they have
         assert got["names"] == sorted(m.state_dict())
+
+
+def test_a_build_over_1_gb_of_textures_warns_and_folded_batch_norm_is_said_once(tmp_path):
+    """A 224x224 conv at the default --max-batch 64 plans more than 1 GB of textures: the build says so, with
+    what to do, and prints the bytes per role; its batch-norm is folded, said once. At --max-batch 4 no warning."""
+    r = texelfit("build", "models:conv_224_bn", "--input-shape", "3,224,224", "--out", str(tmp_path / "big"))
+    assert r.returncode == 0, r.stderr
+    assert "texelfit: warning: the textures take" in r.stdout and "lower --max-batch" in r.stdout, r.stdout
+    assert r.stdout.count("BatchNormalization layer(s) folded") == 1, r.stdout
+    assert "texture bytes by role" in r.stdout and "activation" in r.stdout, r.stdout
+    r = texelfit("build", "models:conv_224_bn", "--input-shape", "3,224,224", "--max-batch", "4",
+                 "--out", str(tmp_path / "small"))
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stdout, r.stdout

@@ -78,7 +78,8 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
         raise BuildError("--finetune-epochs needs data: give --finetune-data FILE.npz (arrays x and y); "
                          "only the example models know theirs")
 
-    full = fold_batchnorm(to_ir(model, input_shape))
+    imported = to_ir(model, input_shape)
+    full = fold_batchnorm(imported)
     if not full.params:
         raise BuildError("the model has no trainable weights")
     trains = resolve_trainable(trainable, list(full.params))
@@ -118,6 +119,8 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     trunk_bytes = plan.textures[plan.tensor(trunk)].width * plan.textures[plan.tensor(trunk)].sample_rows * 16 if trunk else 0
     rep["texture_bytes_by_role"] = role_bytes(plan, storage, trunk_bytes)
     rep["trainable"] = graph.trainable_params()
+    rep["batchnorm_folded"] = sum(layer.op == "batchnorm" for layer in imported.layers)
+    rep["max_batch"] = max_batch
     rep["trunk"] = trunk
 
     from texelfit.report import layer_table

@@ -164,6 +164,9 @@ def _untrained_note(args):
               f"{DEFAULT_CHECKPOINT}", file=sys.stderr)
 
 
+TEXTURE_WARN_BYTES = 10 ** 9  # a build over this warns: GPU memory that a phone or a laptop may not have
+
+
 def cmd_build(args) -> None:
     from texelfit.build import build
     from texelfit.report import format_role_bytes, format_table
@@ -177,6 +180,13 @@ def cmd_build(args) -> None:
           f"{rep['files'][rep['name'] + '.js']} bytes, {rep['texture_bytes']} bytes of textures")
     print(format_table(rep["table"], rep["accuracy"], args.quantize))
     print(format_role_bytes(rep["texture_bytes_by_role"]))
+    if rep["batchnorm_folded"]:
+        print(f"texelfit: note: {rep['batchnorm_folded']} BatchNormalization layer(s) folded into the conv or dense "
+              "layer before them: they stay folded (inference form) while training")
+    if rep["texture_bytes_by_role"]["total_after"] > TEXTURE_WARN_BYTES:
+        print(f"texelfit: warning: the textures take {rep['texture_bytes_by_role']['total_after'] / 1e9:.2f} GB at "
+              f"--max-batch {rep['max_batch']}, more than 1 GB: many devices cannot hold that; lower --max-batch "
+              "(or freeze more with --trainable)")
     if rep["trainable"] != [r["name"] for layer in rep["layers"] for r in layer["params"].values()]:
         print(f"texelfit: trains {len(rep['trainable'])} of the parameter tensors ({', '.join(rep['trainable']) or 'none'}); "
               f"frozen trunk: {rep['trunk'] or 'none'}")
