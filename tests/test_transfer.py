@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from helpers import FWD, GRAD, OPTIMIZERS, TRAJ_LOSS, TRAJ_W, assert_close, build_module, run_cli, run_model, \
     torch_fit, torch_state
-from models import ResidualCNN, SmallCNN, trunk_two_layer_head
+from models import BLOCK_CASES, ResidualCNN, SmallCNN, trunk_two_layer_head
 
 from texelfit.build import compile_onnx
 from texelfit.prep.load import BuildError, export_simplified
@@ -55,21 +55,21 @@ def data(samples, shape=SHAPE, classes=10, seed=3):
 
 
 def check_frozen_training(web, site, factory, built, opt_name, *, fit_trainable=None, samples=21, batch_size=8,
-                          epochs=3, options=None, cache=None, seed=7, max_batch=64):
+                          epochs=3, options=None, cache=None, seed=7, max_batch=64, shape=SHAPE, classes=10):
     """Build `factory()` with --trainable `built`, fit it in the page (with fit({ trainable: fit_trainable })
     when given) and in PyTorch with requires_grad_(False) on every other parameter; compare every loss and
     trainable weight within the trajectory tolerances, and the frozen weights for equality with the shipped
     ones. Returns what the page returned."""
     torch.manual_seed(seed)
     module = factory()
-    url = _url(site, module, built, max_batch=max_batch)
+    url = _url(site, module, built, shape=shape, max_batch=max_batch)
     shipped = torch_state(module)
     patterns = fit_trainable or built.split(",")
     trains = {n for n, _ in module.named_parameters() if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
     assert trains and trains != set(shipped), "the test must freeze something and train something"
     for n, p in module.named_parameters():
         p.requires_grad_(n in trains)
-    x, y = data(samples)
+    x, y = data(samples, shape, classes)
     cfg = OPTIMIZERS[opt_name]
     got = run_model(web, url, FIT, {"x": x.reshape(-1).tolist(), "y": y.tolist(), "optimizer": cfg,
                                     "batchSize": batch_size, "epochs": epochs, "shuffle": False,
@@ -95,6 +95,15 @@ def test_head_only(web, site, opt_name, backend):
     got = check_frozen_training(web, site, small_cnn, "fc.*", opt_name, options={"backend": backend})
     assert got["info"]["trainable"] == ["fc.weight", "fc.bias"]
     assert got["info"]["trunk"] == "/Flatten_output_0"
+
+
+@pytest.mark.parametrize("built", ["fc.*", "block.project.*,block.se.*,fc.*"], ids=["head", "se_project_head"])
+def test_mobile_block_frozen_under_a_head(web, site, built):
+    """A MobileNetV3 block (HardSwish, SE with a HardSigmoid gate) frozen under the head, or its SE and
+    projection training too: the backward runs through the SE's product and broadcast and stops there."""
+    factory, shape = BLOCK_CASES["mobilenet_v3_block"]
+    check_frozen_training(web, site, factory, built, "adam", shape=shape, classes=5, samples=13, batch_size=5,
+                          epochs=2)
 
 
 @pytest.mark.parametrize("opt_name", ["adam", "sgd_momentum_wd"])
