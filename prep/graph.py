@@ -24,7 +24,7 @@ N = "N"  # the batch dimension in symbolic shape values
 
 SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
-     "ReduceMean", "ReduceSum", "ReduceMax", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice",
+     "ReduceMean", "ReduceSum", "ReduceMax", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
      "Split", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast", "Expand",
      "ConstantOfShape", "Equal", "Where") + tuple(BY_ONNX)))
 # ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
@@ -32,7 +32,7 @@ MODULE_HINTS = {"LayerNormalization": "nn.LayerNorm", "InstanceNormalization": "
                 "GroupNormalization": "nn.GroupNorm", "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN",
                 "Gelu": "nn.GELU", "ConvTranspose": "nn.ConvTranspose2d", "Resize": "nn.Upsample",
                 "Upsample": "nn.Upsample", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
-                "Pad": "nn.ZeroPad2d / F.pad", "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
+                "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
 # only on constants and shape values (Expand and ConstantOfShape also to a batch of one constant sample:
 # an operand of Concat)
 SHAPE_ONLY = ("Shape", "Gather", "Cast", "Equal", "Where", "Expand", "ConstantOfShape")
@@ -304,7 +304,7 @@ def to_ir(model, input_shape=None) -> Graph:
             parts, tensors = onnx_shape.concat_parts(_where(node), axis, operands, sample)
             gather(node, out, parts, tensors)
             continue
-        if op in ("Transpose", "Squeeze", "Unsqueeze", "Slice"):
+        if op in ("Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad"):
             x = act(ins[0])
             if any(i and i not in consts for i in ins[1:]):
                 raise BuildError(f"{_where(node)}: {op} with axes or bounds computed from activations is not supported")

@@ -160,7 +160,7 @@ def _ints(v) -> list | None:
 
 
 def view_ops(where: str, op: str, a: dict, vals: list, shape: tuple[int, ...]) -> list:
-    """The chain of Transpose, Squeeze, Unsqueeze or Slice on a tensor of per-sample `shape`; `vals`: the
+    """The chain of Transpose, Squeeze, Unsqueeze, Slice or Pad on a tensor of per-sample `shape`; `vals`: the
     node's constant inputs after the data (None where absent)."""
     shape = tuple(shape)
     vals = [_ints(v) for v in vals] + [None] * 4
@@ -188,6 +188,29 @@ def view_ops(where: str, op: str, a: dict, vals: list, shape: tuple[int, ...]) -
         for i in axes:
             new.insert(i - 1, 1)
         return [("reshape", tuple(new))]
+    if op == "Pad":  # opset 11+: pads [begin of each axis..., end of each axis...], constant_value, axes
+        mode = a.get("mode", b"constant")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        value = vals[1][0] if vals[1] else 0
+        if mode != "constant" or value != 0:
+            raise BuildError(f"{where}: Pad mode {mode!r} with value {value}: only zero padding (constant 0) is "
+                             "supported yet")
+        pads, rank = vals[0], len(shape) + 1
+        axes = [axis(where, v, rank) + 1 for v in vals[2]] if vals[2] is not None else list(range(rank))
+        if pads is None or any(isinstance(v, str) for v in pads) or len(pads) != 2 * len(axes):
+            raise BuildError(f"{where}: Pad needs constant pads, two for each axis")
+        ops = []
+        for ax, lo, hi in zip(axes, pads[:len(axes)], pads[len(axes):]):
+            if (lo or hi) and ax == 0:
+                raise BuildError(f"{where}: Pad of the batch axis is not supported")
+            if lo < 0 or hi < 0:  # a crop
+                d = shape[ax - 1]
+                ops.append(("slice", ax - 1, -min(lo, 0), d + min(hi, 0), 1))
+                shape = chain_shape(shape, ops[-1:])
+            if lo > 0 or hi > 0:
+                ops.append(("pad", ax - 1, max(lo, 0), max(hi, 0)))
+                shape = chain_shape(shape, ops[-1:])
+        return ops
     # Slice (opset 10+): starts, ends, axes, steps; bounds past the ends clamp, negative ones count from the end
     starts, ends, axes, steps = vals[:4]
     axes = axes if axes is not None else list(range(len(starts)))

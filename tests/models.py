@@ -306,6 +306,21 @@ class SplitUneven(nn.Module):
         return self.a(torch.cat([r, p], 1))[:, :, :, :3] + self.b(left) + self.c(right)[:, :, :, 1:]  # (4, 11, 3)
 
 
+class PadAlone(nn.Module):
+    """Pad on its own (not folded into a conv): zeros around H and W, zeros on the channel axis, and a crop
+    (negative pads), each before an op onnxsim does not fold it into."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+        self.conv2 = nn.Conv2d(8, 4, 3)
+
+    def forward(self, x):
+        y = torch.tanh(F.pad(self.conv(x), (1, 2, 0, 1)))            # (5, 12, 12)
+        y = torch.relu(F.pad(y, (0, 0, 0, 0, 1, 2)))                  # (8, 12, 12)
+        return self.conv2(torch.sigmoid(F.pad(y, (-1, 0, 0, -2))))    # (8, 10, 11) -> (4, 8, 9)
+
+
 IMG = (3, 13, 11)
 # name -> (factory, per-sample input shape, loss); output 4-D -> mse on the raw output
 CNN_CASES = {
@@ -343,6 +358,7 @@ CNN_CASES = {
                             IMG, "cross_entropy"),
     "residual_add": (Residual, IMG, "mse"),
     "concat": (Concat, IMG, "mse"),
+    "pad_on_its_own": (PadAlone, IMG, "mse"),
     "small_cnn": (lambda: SmallCNN(3, 7), (3, 13, 13), "cross_entropy"),
     # shape ops (prep/shape.py)
     "shufflenet_v2_units": (ShuffleNetTiny, IMG, "cross_entropy"),

@@ -257,3 +257,12 @@ def test_reshape_targets(target, allowzero, want):
             reshape_target("Reshape node 'n'", target, (4, 5, 6), allowzero, None)
         return
     assert reshape_target("Reshape node 'n'", target, (4, 5, 6), allowzero, None) == want
+
+
+def test_pad_modes_other_than_zero_are_refused_naming_the_node():
+    class Reflect(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect") * 2.0
+
+    with pytest.raises(BuildError, match=r"Pad node .*: Pad mode 'reflect'.*only zero padding"):
+        compile_onnx(export_simplified(Reflect(), (3, 5, 5)), name="m", input_shape=(3, 5, 5))
