@@ -38,7 +38,7 @@ def fold_batchnorm(graph: Graph) -> Graph:
         w = params[prev.params["weight"]]
         arr = w.array.astype(np.float64)
         if prev.op == "conv":
-            arr = arr * s[:, None, None, None]
+            arr = arr * s.reshape((-1,) + (1,) * (arr.ndim - 1))  # [OC, ICg, KH, KW] (or a Conv1d's [OC, ICg, K])
         else:
             arr = arr * (s[None, :] if w.transposed else s[:, None])
         params[w.name] = dataclasses.replace(w, array=arr.astype(np.float32))

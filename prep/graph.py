@@ -125,8 +125,18 @@ def to_ir(model, input_shape=None) -> Graph:
     batch_consts: dict[str, np.ndarray] = {}
     used = {t for n in g.node for t in n.input} | {g.output[0].name}
 
+    # the (C, T) output of a 1-D conv or pool -> the (C, 1, T) tensor it is computed as: a 2-D conv or
+    # pool reads that twin directly; anything else gets the (C, T) tensor, a relayout of it, when it first
+    # reads it (a gather)
+    twin_2d: dict[str, str] = {}
+
     def act(name):  # an activation tensor (not a constant), following aliases
         name = alias.get(name, name)
+        if name in twin_2d and name not in shapes:
+            c, _, t = shapes[twin_2d[name]]
+            gather(None, name, [{"input": 0, "const": None, "ops": [("reshape", (c, t))]}], [twin_2d[name]],
+                   f"{twin_2d[name]}:as1d")
+            name = alias.get(name, name)
         if name not in shapes:
             what = "a constant repeated over the batch (only Concat takes one)" if name in batch_consts else \
                 "not an activation the IR knows"
@@ -179,6 +189,24 @@ def to_ir(model, input_shape=None) -> Graph:
         op, a = node.op_type, _attrs(node)
         ins = list(node.input)
         out = node.output[0] if node.output else None
+        if op in ("Conv", "MaxPool", "AveragePool") and ins and ins[0] not in consts and (
+                alias.get(ins[0], ins[0]) in twin_2d or len(shapes.get(alias.get(ins[0], ins[0]), ())) == 2):
+            # 1-D: computed as 2-D over (C, 1, T), a kernel of height 1
+            src = alias.get(ins[0], ins[0])
+            if src in twin_2d:
+                ins[0] = twin_2d[src]
+            else:
+                c, t = shapes[act(src)]
+                view(node, act(src), [("reshape", (c, 1, t))], out=f"{node.name}:in2d", name=f"{node.name}:as2d")
+                ins[0] = alias.get(f"{node.name}:in2d", f"{node.name}:in2d")
+            a = _as_2d(a)
+            twin_2d[out] = out = f"{out}:2d"
+        elif ins and alias.get(ins[0], ins[0]) in twin_2d and (op == "BatchNormalization" or (
+                op in BY_ONNX and BY_ONNX[op].arity == 1)):
+            # per channel or per element: computed on the (C, 1, T) twin too, so a Conv1d, its batch-norm and
+            # its activation fuse and fold as 2-D ones do
+            ins[0] = twin_2d[alias.get(ins[0], ins[0])]
+            twin_2d[out] = out = f"{out}:2d"
 
         # ---- constants and symbolic shape values -------------------------------------------------
         if op == "Constant":
@@ -230,6 +258,8 @@ def to_ir(model, input_shape=None) -> Graph:
             if len(shapes[x]) != 3:
                 raise BuildError(f"{_where(node)}: Conv needs a (C, H, W) input, got {shapes[x]}")
             warr = weight(node, 1)
+            if warr.ndim == 3:  # Conv1d's [OC, ICg, K] (the parameter keeps that shape), as [OC, ICg, 1, K]
+                warr = warr[:, :, None, :]
             if warr.ndim != 4:
                 raise BuildError(f"{_where(node)}: only 2-D convolutions are supported (weight {warr.shape})")
             groups = int(a.get("group", 1))
@@ -281,7 +311,7 @@ def to_ir(model, input_shape=None) -> Graph:
             shapes[out] = shapes[sig.inputs[0]]
             continue
         if op in BY_ONNX:
-            layers.append(_elementwise(node, a, ins, consts, shapes, act, param, initializer_names,
+            layers.append(_elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names,
                                        trainable_names))
             continue
         if op == "Concat":
@@ -406,6 +436,8 @@ def to_ir(model, input_shape=None) -> Graph:
         raise BuildError(f"{_where(node)}: cannot be converted here (its inputs are not supported)")
 
     output = alias.get(g.output[0].name, g.output[0].name)
+    if output in twin_2d:
+        output = act(output)
     if output not in shapes or output == inp.name:
         raise BuildError(f"the model output {g.output[0].name!r} is not computed by any supported layer")
     layers = onnx_shape.compose_gathers(layers, output, shapes)
@@ -505,6 +537,17 @@ def _fold(node, op, a, vals):
     raise BuildError(f"{_where(node)}: {op} on constants only is not supported")
 
 
+def _as_2d(a: dict) -> dict:
+    """The attributes of a 1-D conv or pool for the same op over (C, 1, T)."""
+    out = dict(a)
+    for k, one in (("kernel_shape", 1), ("strides", 1), ("dilations", 1)):
+        if k in a:
+            out[k] = [one] + list(a[k])
+    if "pads" in a:
+        out["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
+    return out
+
+
 def _check_supported(g, consts) -> None:
     """Fail on every ONNX op the IR cannot take, all of them in one message, each with its nodes and the
     PyTorch module it comes from where that is one a user would know."""
@@ -547,12 +590,11 @@ def _broadcast_shapes(node, full: list[tuple]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _elementwise(node, a, ins, consts, shapes, act, param, initializer_names, trainable_names) -> Layer:
+def _elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names, trainable_names) -> Layer:
     """An elementwise layer (prep/elementwise.py) from its ONNX node: the declaration's attributes, its
     operands (activations, constants baked into the kernel, or trainable parameters: an initializer that
     is an nn.Parameter, such as a layer scale, or a PRelu slope) broadcast to the output's shape."""
     decl = BY_ONNX[node.op_type]
-    out = node.output[0]
     attrs = {k: a[k] for k in decl.attrs if k in a}
     if decl.arity == 1:
         if decl.name == "clip" and len(ins) > 1:  # opset 11+: min and max are (optional) inputs

@@ -164,6 +164,11 @@ def matrix_packing(rows: int, cols: int, transposed: bool = False) -> Packing:
     return Packing(rows, 1, 1, cols, 1 if transposed else cols, 0, 0, rows if transposed else 1)
 
 
+def conv_weight_shape(w: np.ndarray) -> tuple[int, int, int, int]:
+    """[OC, ICg, KH, KW] of a conv weight; a Conv1d's [OC, ICg, K] is [OC, ICg, 1, K] (prep/graph.py)."""
+    return tuple(w.shape) if w.ndim == 4 else (w.shape[0], w.shape[1], 1, w.shape[2])
+
+
 def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
     """W[OC, ICg, KH, KW]: texel (kw * ceil(OC/4) + o4, kh * ICg + j) holds W[4*o4 .. 4*o4+3, j, kh, kw]."""
     return Packing(kh * icg, icg, kw, oc, kw, kh * kw, 1, icg * kh * kw)
@@ -424,7 +429,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             packing = activation_packing(tuple(shape), 1)
             height = packing.rows
         elif layer.op == "conv":
-            packing = conv_weight_packing(*p.array.shape)
+            packing = conv_weight_packing(*conv_weight_shape(p.array))
             height = packing.rows
         else:
             o, i = p.canonical().shape

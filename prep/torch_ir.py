@@ -87,7 +87,9 @@ class IRModule(nn.Module):
             t, l, bo, r = a["pads"]
             if (t, l) != (bo, r):
                 x, t, l = F.pad(x, (l, r, t, bo)), 0, 0
-            return F.conv2d(x, self.param(layer, "weight"), self.param(layer, "bias"), stride=a["strides"],
+            w = self.param(layer, "weight")
+            w = w[:, :, None, :] if w.dim() == 3 else w  # a Conv1d's weight, run as 2-D (prep/graph.py)
+            return F.conv2d(x, w, self.param(layer, "bias"), stride=a["strides"],
                             padding=(t, l), dilation=a["dilations"], groups=a["groups"])
         if op == "batchnorm":  # inference form (before prep.fold)
             c = lambda v: torch.tensor(np.asarray(v, dtype=np.float32))  # noqa: E731

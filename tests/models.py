@@ -321,6 +321,27 @@ class PadAlone(nn.Module):
         return self.conv2(torch.sigmoid(F.pad(y, (-1, 0, 0, -2))))    # (8, 10, 11) -> (4, 8, 9)
 
 
+class KeywordSpotter(nn.Module):
+    """A keyword-spotting Conv1d net on (13 MFCCs, 25 frames): conv, folded batch-norm, ReLU, MaxPool1d, a
+    depthwise strided conv, AvgPool1d, the mean over time, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(13, 16, 5, padding=2, bias=False)
+        self.bn = nn.BatchNorm1d(16)
+        self.dw = nn.Conv1d(16, 16, 3, stride=2, groups=16)
+        self.pw = nn.Conv1d(16, 12, 1)
+        self.fc = nn.Linear(12, 6)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.3, 0.3)
+            self.bn.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        y = F.max_pool1d(torch.relu(self.bn(self.conv(x))), 2)          # (16, 12)
+        y = F.avg_pool1d(torch.relu(self.dw(y)), 2, ceil_mode=True)      # (16, 5) -> (16, 3)
+        return self.fc(torch.tanh(self.pw(y)).mean(2))
+
+
 IMG = (3, 13, 11)
 # name -> (factory, per-sample input shape, loss); output 4-D -> mse on the raw output
 CNN_CASES = {
@@ -359,6 +380,8 @@ CNN_CASES = {
     "residual_add": (Residual, IMG, "mse"),
     "concat": (Concat, IMG, "mse"),
     "pad_on_its_own": (PadAlone, IMG, "mse"),
+    # Conv1d ending in its (C, T) output; the keyword spotter's batch-norm folds into its conv
+    "conv1d_output": (_seq(nn.Conv1d(4, 6, 3, padding=1), nn.ReLU(), nn.Conv1d(6, 5, 3, dilation=2)), (4, 17), "mse"),
     "small_cnn": (lambda: SmallCNN(3, 7), (3, 13, 13), "cross_entropy"),
     # shape ops (prep/shape.py)
     "shufflenet_v2_units": (ShuffleNetTiny, IMG, "cross_entropy"),
@@ -665,7 +688,19 @@ BLOCK_CASES = {
     "two_activations_layer_scale": (TwoActivations, (3, 11, 9)),
     "prelu": (PReLUNet, (3, 11, 9)),
     "reductions": (Reductions, (3, 11, 9)),
+    "keyword_spotting_conv1d": (lambda: _folded_spotter(), (13, 25)),
 }
+
+
+def _folded_spotter():
+    """The keyword spotter with its batch-norm folded into its conv, as texelfit folds it."""
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    m = KeywordSpotter().eval()
+    m.conv, m.bn = fuse_conv_bn_eval(m.conv, m.bn), nn.Identity()
+    for p in m.parameters():
+        p.requires_grad_(True)
+    return m
 
 
 class SoftmaxHead(nn.Module):
