@@ -316,3 +316,56 @@ def test_a_fit_logs_nothing(quiet, mlp, data):
         return true;
     """)
     assert got
+
+
+# ---- item 13: a model in a worker pauses when the page forwards its visibility -----------------
+
+WORKER = """
+let m = null, steps = 0;
+self.onmessage = async (e) => {
+  if ('hidden' in e.data) {            // the README's one line, worker side
+    if (e.data.hidden) m.pause(); else m.resume();
+    return;
+  }
+  if (e.data.steps) { self.postMessage({ steps, state: m ? m.state : 'starting' }); return; }
+  const mod = await import(e.data.url);
+  m = await mod.createModel();
+  const x = new Float32Array(e.data.x), y = Int32Array.from(e.data.y);
+  const r = await m.fit(x, y, { batchSize: 8, epochs: 3, shuffle: false, onStep: () => { steps++; } });
+  self.postMessage({ done: r.loss.length, steps });
+};
+"""
+
+
+def test_worker_pauses_when_the_page_forwards_visibility(web, mlp, data, site):
+    folder = site.add_files("api_worker", {"worker.js": WORKER})
+    got = web.evaluate("""async (args) => {
+        const w = new Worker(args.worker, { type: 'module' });
+        const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+        const ask = () => new Promise((resolve) => {
+          const on = (e) => { if ('state' in e.data) { w.removeEventListener('message', on); resolve(e.data); } };
+          w.addEventListener('message', on);
+          w.postMessage({ steps: true });
+        });
+        const done = new Promise((resolve) => w.addEventListener('message', (e) => { if ('done' in e.data) resolve(e.data); }));
+        // the README's one line, page side (the test sets the visibility as a browser does)
+        document.addEventListener('visibilitychange', () => w.postMessage({ hidden: document.hidden }));
+        const setVisibility = (state) => {
+          Object.defineProperty(document, 'visibilityState', { value: state, configurable: true });
+          Object.defineProperty(document, 'hidden', { value: state === 'hidden', configurable: true });
+          document.dispatchEvent(new Event('visibilitychange'));
+        };
+        w.postMessage({ url: args.url, x: args.x, y: args.y });
+        while ((await ask()).steps < 20) await sleep(5);
+        setVisibility('hidden');
+        await sleep(100);
+        const hidden = await ask();
+        await sleep(300);
+        const later = await ask();
+        setVisibility('visible');
+        const end = await done;
+        w.terminate();
+        return { hidden, later, end };
+    }""", {"worker": folder + "/worker.js", "url": mlp, **data})
+    assert got["hidden"]["state"] == "paused" and got["later"]["steps"] == got["hidden"]["steps"], got
+    assert got["end"] == {"done": 3 * STEPS, "steps": 3 * STEPS}
