@@ -6,6 +6,7 @@ templates lay out precomputed values; all arithmetic happens here.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 
@@ -27,6 +28,18 @@ VERSION = "0.1.0"
 def _js_json(obj) -> str:
     # Deterministic, compact, and safe inside a <script>/module (no "</" sequences).
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).replace("</", "<\\/")
+
+
+def architecture_fingerprint(graph: Graph) -> str:
+    """A hash of what a checkpoint's numbers mean: the input shape, and every layer's op, attributes
+    (a fused activation included), wiring and parameter shapes. Two models with the same weight
+    names and shapes but a ReLU and a Tanh differ; checkpoints are scoped by it (checkpoint.js)."""
+    layers = [[layer.op, layer.attrs, layer.inputs, layer.outputs,
+               {role: [n, list(graph.params[n].array.shape)] for role, n in sorted(layer.params.items())}]
+              for layer in graph.layers]
+    text = json.dumps({"input": list(graph.input_shape), "output": graph.output, "layers": layers},
+                      sort_keys=True, separators=(",", ":"), default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
@@ -60,6 +73,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "inputSize": int(np.prod(graph.input_shape)),
         "outputSize": int(np.prod(graph.output_shape)),
         "maxBatch": max_batch,
+        "fingerprint": architecture_fingerprint(graph),  # scopes checkpoints (checkpoint.js)
         "defaultLoss": default_loss,
         "parameters": graph.parameter_count(),
         "forwardMacs": sum(graph.macs(layer) for layer in graph.layers),  # per sample (predict reads by it)

@@ -112,3 +112,40 @@ def test_weights_trained_in_the_browser_come_back_to_pytorch(web, demo, site, tm
     with torch.no_grad():
         ref = module(torch.from_numpy(x.reshape(6, 1, 8, 8))).numpy()
     assert_close(f"browser-trained weights in PyTorch ({fmt})", got["out"], ref, atol=2e-5, rtol=2e-4)
+
+
+def test_progress_and_loss_curve_move_during_fine_tuning(web, demo):
+    """Issue 18, item 9: with 24 drawings the fine-tuning is a 90-step fit (15 epochs of 6 batches);
+    the progress bar and the loss curve must move while it runs, frame by frame."""
+    web.goto(demo)
+    web.wait_for_selector("body[data-ready=true]", timeout=60_000)
+    for label, strokes in STROKES.items():
+        for k in range(6):
+            draw(web, strokes, -9 + 3 * k, 6 - 2 * k)
+            web.wait_for_function("document.body.dataset.prediction !== ''")
+            web.click(f"#labels button[data-label='{label}']")
+    assert web.inner_text("#count") == "24"
+    # what each rendered frame shows, until the fit has resolved
+    web.evaluate("""() => {
+        window.frames_ = [];
+        const sample = () => {
+          if (document.body.dataset.finetuned) return;
+          window.frames_.push([document.getElementById('progress').value, Number(document.body.dataset.curvePoints || 0)]);
+          requestAnimationFrame(sample);
+        };
+        requestAnimationFrame(sample);
+    }""")
+    web.click("#finetune")
+    web.wait_for_selector("body[data-finetuned]", timeout=120_000)
+    frames = web.evaluate("window.frames_")
+    progress = {p for p, _ in frames if 0 < p < 1}
+    points = {n for _, n in frames if n > 0}
+    assert len(progress) >= 5 and len(points) >= 5, f"progress values {sorted(progress)}, curve points {sorted(points)}"
+
+
+def test_page_opened_from_disk_says_how_to_serve_it(page, demo, site):
+    # (a module import from file:// fails in the console: this test uses the plain page fixture)
+    page.goto("file://" + site.path("demo", "index.html"))
+    page.wait_for_selector("body[data-file-protocol=true]", timeout=10_000)
+    text = page.inner_text("#caps")
+    assert "served over http" in text and "python3 -m http.server" in text, text

@@ -10,7 +10,7 @@ from models import mlp_45_31_7
 # Each case: what the page calls with (x, y) of a good batch in scope, and words the message must hold.
 BAD_CALLS = {
     "predict_wrong_length": ("await m.predict(x.subarray(0, 44), 1)", ["44 values", "45"], "bad-input-shape"),
-    "predict_batch_over_max": ("await m.predict(new Float32Array(45 * 9), 9)", ["batch", "maxBatch = 8"], "bad-batch"),
+    "predict_batch_zero": ("await m.predict(new Float32Array(0), 0)", ["batch is 0", "positive integer"], "bad-batch"),
     "predict_non_finite": ("const z = x.slice(); z[50] = NaN; await m.predict(z, 4)", ["x[50]", "NaN", "finite"], "non-finite-input"),
     "fit_label_out_of_range": ("const yy = y.slice(); yy[2] = 7; await m.fit(x, yy, { optimizer: { type: 'sgd', lr: 0.1 } })",
                                ["y[2] = 7", "[0, 7)"], "label-out-of-range"),
@@ -23,6 +23,49 @@ BAD_CALLS = {
     "fit_bad_loss": ("await m.fit(x, y, { loss: 'hinge' })", ["hinge"], "bad-option"),
     "fit_mse_targets_shape": ("await m.fit(x, new Float32Array(5), { loss: 'mse' })", ["5 values", "7"], "bad-targets"),
     "set_weights_unknown": ("await m.setWeights({ nope: new Float32Array(3) })", ["nope", "0.weight"], "unknown-weight"),
+    # unknown and misspelt options (issue 18, item 5): named, with the nearest valid key
+    "fit_epoch_typo": ("await m.fit(x, y, { epoch: 3 })", ['"epoch"', 'did you mean "epochs"'], "bad-option"),
+    "fit_batch_size_snake": ("await m.fit(x, y, { batch_size: 2 })", ['"batch_size"', '"batchSize"'], "bad-option"),
+    "fit_top_level_lr": ("await m.fit(x, y, { lr: 0.5 })", ['fit options has no option "lr"'], "bad-option"),
+    "fit_optimizer_learning_rate": ("await m.fit(x, y, { optimizer: { type: 'sgd', learningRate: 0.5 } })",
+                                    ['"learningRate"', "lr, momentum"], "bad-option"),
+    "fit_adam_momentum": ("await m.fit(x, y, { optimizer: { type: 'adam', momentum: 0.9 } })",
+                          ['optimizer (adam) has no option "momentum"'], "bad-option"),
+    "fit_trainable_outside": ("await m.fit(x, y, { trainable: ['nope.*'] })", ['"nope.*" names no parameter'],
+                              "bad-option"),
+    "fit_trainable_string": ("await m.fit(x, y, { trainable: '0.weight' })", ["trainable must be a non-empty array"],
+                             "bad-option"),
+    "gradients_typo": ("await m.gradients(x, y, { los: 'mse' })", ['"los"', 'did you mean "loss"'], "bad-option"),
+    "create_model_precison": ("await mod.createModel({ precison: 'float32' })", ['"precison"', 'did you mean "precision"'],
+                              "bad-option"),
+    # types are checked, never coerced (item 6)
+    "fit_optimizer_string": ("await m.fit(x, y, { optimizer: 'sgd' })", ["optimizer must be an object", '"sgd"'], "bad-option"),
+    "fit_nesterov_string": ("await m.fit(x, y, { optimizer: { type: 'sgd', lr: 0.1, momentum: 0.9, nesterov: 'no' } })",
+                            ["nesterov must be a boolean", '"no"'], "bad-option"),
+    "fit_shuffle_string": ("await m.fit(x, y, { shuffle: 'false' })", ["shuffle must be a boolean", '"false"'], "bad-option"),
+    "fit_epochs_float": ("await m.fit(x, y, { epochs: 1.5 })", ["epochs must be a positive integer", "1.5"], "bad-option"),
+    "fit_on_step_number": ("await m.fit(x, y, { onStep: 5 })", ["onStep must be a function", "5"], "bad-option"),
+    "create_model_timeout_string": ("await mod.createModel({ contextRestoreTimeout: 'soon' })",
+                                    ["contextRestoreTimeout must be a finite number", '"soon"'], "bad-option"),
+    "predict_batch_string": ("await m.predict(x.subarray(0, 45), '1')", ['batch is "1"', "positive integer"], "bad-batch"),
+    # wrong array types (item 7)
+    "predict_uint8": ("await m.predict(new Uint8Array(45).fill(200), 1)", ["Uint8Array", "Float32Array"], "bad-input"),
+    "predict_uint8_clamped": ("await m.predict(new Uint8ClampedArray(45), 1)", ["Uint8ClampedArray", "Float32Array"], "bad-input"),
+    "predict_int32": ("await m.predict(new Int32Array(45), 1)", ["Int32Array", "Float32Array"], "bad-input"),
+    "predict_plain_array": ("await m.predict(Array.from(x.subarray(0, 45)), 1)", ["plain Array", "Float32Array"], "bad-input"),
+    "predict_numeric_string": ("await m.predict('1,2,3', 1)", ["a string", "Float32Array"], "bad-input"),
+    "fit_plain_labels": ("await m.fit(x, Array.from(y))", ["Int32Array", "plain Array"], "bad-labels"),
+    "set_weights_uint8": ("await m.setWeights({ '0.bias': new Uint8Array(31) })", ["Uint8Array", "Float32Array"], "bad-input"),
+    # TexelfitErrors, never plain TypeErrors (item 8)
+    "fit_null_options": ("await m.fit(x, y, null)", ["fit options must be an object", "null"], "bad-option"),
+    "gradients_null_options": ("await m.gradients(x, y, null)", ["gradients options must be an object"], "bad-option"),
+    "create_model_null": ("await mod.createModel(null)", ["createModel options must be an object", "null"], "bad-option"),
+    "create_model_div_canvas": ("await mod.createModel({ canvas: document.createElement('div') })",
+                                ["canvas must be an HTMLCanvasElement or an OffscreenCanvas", "HTMLDivElement"], "bad-option"),
+    "create_model_2d_canvas": ("const c = document.createElement('canvas'); c.getContext('2d'); await mod.createModel({ canvas: c })",
+                               ["canvas given to createModel gives no WebGL2 context", "another context"], "no-webgl2"),
+    "set_weights_null": ("await m.setWeights(null)", ["setWeights needs an object"], "bad-weights"),
+    "save_number_key": ("await m.save(5)", ["save(key) needs a non-empty string key", "5"], "bad-key"),
     "set_weights_shape": ("await m.setWeights({ '0.bias': new Float32Array(3) })", ["0.bias", "31"], "bad-weight-shape"),
 }
 
@@ -91,3 +134,48 @@ def test_weights_round_trip_and_disposed_model(web, bundle_url):
     info = got["info"]
     assert info["inputShape"] == [45] and info["outputShape"] == [7] and info["maxBatch"] == 8
     assert info["backend"] == "webgl2" and info["precision"] == "float32" and info["parameters"] == 45 * 31 + 31 + 31 * 7 + 7
+
+
+# The same fault gives the same code whichever call meets it (item 8).
+FAULTS = {
+    "wrong_length": ("x.subarray(0, 100)", "bad-input-shape"),
+    "uint8": ("new Uint8Array(4 * 45)", "bad-input"),
+    "non_finite": ("(() => { const z = x.slice(); z[7] = NaN; return z; })()", "non-finite-input"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_one_fault_one_code_in_predict_fit_and_gradients(web, bundle_url, fault):
+    expr, code = FAULTS[fault]
+    torch.manual_seed(2)
+    got = run_model(web, bundle_url, """
+        const x = new Float32Array(args.x), y = Int32Array.from(args.y);
+        const code = async (f) => { try { await f(); return null; } catch (e) { return [e.name, e.code]; } };
+        return { predict: await code(() => m.predict(%s, 4)), fit: await code(() => m.fit(%s, y)),
+                 gradients: await code(() => m.gradients(%s, y)) };
+    """ % (expr, expr, expr), {"x": torch.randn(4 * 45).tolist(), "y": torch.randint(0, 7, (4,)).tolist()})
+    assert got == {k: ["TexelfitError", code] for k in ("predict", "fit", "gradients")}, got
+
+
+def test_float64_input_is_converted(web, bundle_url):
+    torch.manual_seed(3)
+    got = run_model(web, bundle_url, """
+        const x32 = new Float32Array(args), x64 = Float64Array.from(x32);
+        return { a: Array.from(await m.predict(x32, 3)), b: Array.from(await m.predict(x64, 3)) };
+    """, torch.randn(3 * 45).tolist())
+    assert got["a"] == got["b"]
+
+
+def test_one_error_class_across_two_bundles(web, bundle_url, site):
+    torch.manual_seed(4)
+    other = build_module(site, "errors_other", torch.nn.Sequential(torch.nn.Linear(45, 3)), (45,), max_batch=8)
+    got = web.evaluate("""async ([a, b]) => {
+        const A = await import(a), B = await import(b);
+        const m = await B.createModel();
+        let e = null;
+        try { await m.predict(new Float32Array(3), 1); } catch (err) { e = err; }
+        m.dispose();
+        return { same: A.TexelfitError === B.TexelfitError, a: e instanceof A.TexelfitError, b: e instanceof B.TexelfitError,
+                 code: e && e.code };
+    }""", [bundle_url, other])
+    assert got == {"same": True, "a": True, "b": True, "code": "bad-input-shape"}, got

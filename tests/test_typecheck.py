@@ -2,6 +2,7 @@
 with `tsc --strict` (npm run typecheck), and a wrong call does not."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -49,3 +50,13 @@ def test_a_wrong_call_fails_to_typecheck(bundle, tmp_path):
             f.write(original)
     assert r.returncode != 0
     assert '"rmsprop"' in r.stdout and '"fc.bias"' in r.stdout, r.stdout
+
+
+def test_worker_project_typechecks(bundle):
+    """Issue 18, item 13: a module worker's project (lib WebWorker: no HTMLCanvasElement, no DOM)
+    type-checks the .d.ts without skipLibCheck."""
+    config = os.path.join(ROOT, "tests", "typecheck", "tsconfig.worker.json")
+    options = json.load(open(config))["compilerOptions"]
+    assert options["lib"] == ["ES2022", "WebWorker"] and options["skipLibCheck"] is False
+    r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -15,7 +15,7 @@ async function main(canvas: HTMLCanvasElement): Promise<number> {
     shuffle: false,
     loss: "cross_entropy",
     optimizer: { type: "adamw", lr: 1e-3, betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01 },
-    onStep: (s: StepInfo) => { if (s.loss !== undefined) console.log(s.step, s.epoch, s.loss.toFixed(3)); },
+    onStep: (s: StepInfo) => { for (const l of s.losses) console.log(s.step, s.epoch, l.step, l.loss.toFixed(3)); },
   });
   const last: number = result.loss[result.loss.length - 1];
   const w: Weights = await m.getWeights();
@@ -26,13 +26,17 @@ async function main(canvas: HTMLCanvasElement): Promise<number> {
   const state: "idle" | "training" | "paused" | "lost" = m.state;
   await m.save("key");
   await m.restore("key");
+  const keys: string[] = await m.listCheckpoints();
+  const deleted: boolean = await m.deleteCheckpoint(keys[0]);
+  // the page forwards its visibility to a model in a worker the same way: pause() / resume()
+  document.addEventListener("visibilitychange", () => (document.hidden ? m.pause() : m.resume()));
   try {
     await m.predict(x, 1000);
   } catch (e) {
-    if (e instanceof TexelfitError) console.log(e.code, e.step);
+    if (e instanceof TexelfitError) console.log(e.code, e.step, e.cause);
   }
   m.dispose();
-  console.log(modelInfo.weights.map((p) => p.name), out.length, g["0.weight"].length, state, info.precision, info.backend);
+  console.log(modelInfo.weights.map((p) => p.name), out.length, g["0.weight"].length, state, info.precision, info.backend, deleted);
   return last;
 }
 
