@@ -108,8 +108,9 @@ def _issue6_cnn():
 def test_shipped_runtime_is_compact(factory, shape):
     """The runtime ships without the templates' comments and indentation (codegen/render.py,
     codegen/kernels.py) and with the GLSL common to all kernels once, which keeps the issue-6
-    benchmark models' bundles without weights under 30 KB gzip; the opening comment and each
-    shader's kernel-name line stay."""
+    benchmark models' bundles without weights under 34 KB gzip (issue 18's option tables, error
+    messages, loss feed and checkpoint scoping took the CNN's from 29.6 to 32.8 KB); the opening
+    comment and each shader's kernel-name line stay."""
     import gzip
 
     js = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=64).files["m.js"]
@@ -119,7 +120,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 30_000
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 34_000
 
 
 def test_compact_js_keeps_strings_and_template_literals():
