@@ -28,7 +28,7 @@ from ..kernels import Kernel, Pass
 from .common import grad_target, lanes
 
 
-def _operand(o: dict, i: int, out: tuple[int, int, int], layer) -> dict:
+def _operand(o: dict, i: int, out: tuple[int, int, int]) -> dict:
     c, h, w = chw(tuple(o["shape"]))
     d = {"kind": o["kind"], "name": f"K{i}" if o["kind"] == "const" else f"X{i}", "c": c, "h": h, "w": w, "c4": ceil_div(c, 4),
          "batched": o["kind"] == "act", "bc": c == 1 and out[0] > 1, "bh": h == 1 and out[1] > 1,
@@ -47,7 +47,7 @@ def _operand(o: dict, i: int, out: tuple[int, int, int], layer) -> dict:
 def _consts(layer, graph):
     y = layer.outputs[0]
     out = chw(graph.shapes[y])
-    ops = [_operand(o, i, out, layer) for i, o in enumerate(operands(layer, graph))]
+    ops = [_operand(o, i, out) for i, o in enumerate(operands(layer, graph))]
     f, ds = forward_of(layer.op, layer.attrs), derivatives_of(layer.op, layer.attrs)
     return dict(lanes(out[0]), c=out[0], h=out[1], w=out[2], c4=ceil_div(out[0], 4), operands=ops,
                 **functions(f, ds, len(ops)))
