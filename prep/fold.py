@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from .ir import Graph, Param
+from .ir import WEIGHTED, Graph, Param
 from .load import BuildError
 
 
@@ -28,17 +28,20 @@ def fold_batchnorm(graph: Graph) -> Graph:
             continue
         x = layer.inputs[0]
         prev = next((l for l in out if x in l.outputs), None)
-        if prev is None or prev.op not in ("conv", "dense") or "act" in prev.attrs or \
+        if prev is None or prev.op not in WEIGHTED or "act" in prev.attrs or \
                 len(graph.consumers(x)) != 1 or x == graph.output:
             what = "the model input" if prev is None else f"a {prev.op} layer ({prev.name!r})"
             raise BuildError(f"BatchNormalization node {layer.name!r} follows {what}; only a batch-norm "
-                             "right after a conv or dense layer (its only consumer) can be folded")
+                             "right after a conv, transposed conv or dense layer (its only consumer) can be folded")
         a = layer.attrs
         s = (a["scale"] / np.sqrt(a["var"] + a["eps"])).astype(np.float64)
         w = params[prev.params["weight"]]
         arr = w.array.astype(np.float64)
         if prev.op == "conv":
             arr = arr * s.reshape((-1,) + (1,) * (arr.ndim - 1))  # [OC, ICg, KH, KW] (or a Conv1d's [OC, ICg, K])
+        elif prev.op == "conv_transpose":  # [IC, OCg, KH, KW]: output channel g*OCg + j of group g
+            g = prev.attrs["groups"]
+            arr = (arr.reshape((g, -1) + arr.shape[1:]) * s.reshape(g, 1, -1, 1, 1)).reshape(arr.shape)
         else:
             arr = arr * (s[None, :] if w.transposed else s[:, None])
         params[w.name] = dataclasses.replace(w, array=arr.astype(np.float32))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from .elementwise import UNARY
-from .ir import Graph
+from .ir import WEIGHTED, Graph
 
 
 def fuse_activations(graph: Graph) -> Graph:
@@ -21,7 +21,7 @@ def fuse_activations(graph: Graph) -> Graph:
     for layer in graph.layers:
         x = layer.inputs[0] if layer.inputs else None
         prev = next((l for l in out if x in l.outputs), None)
-        if (layer.op in UNARY and UNARY[layer.op].fusable and prev is not None and prev.op in ("dense", "conv") and "act" not in prev.attrs
+        if (layer.op in UNARY and UNARY[layer.op].fusable and prev is not None and prev.op in WEIGHTED and "act" not in prev.attrs
                 and x != graph.output and len(graph.consumers(x)) == 1):
             attrs = dict(prev.attrs, act=layer.op, act_attrs=dict(layer.attrs))
             out[out.index(prev)] = dataclasses.replace(prev, outputs=list(layer.outputs), attrs=attrs,

@@ -23,14 +23,14 @@ from .shape import chain_shape
 N = "N"  # the batch dimension in symbolic shape values
 
 SUPPORTED_OPS = tuple(dict.fromkeys(
-    ("Gemm", "MatMul", "Conv", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
+    ("Gemm", "MatMul", "Conv", "ConvTranspose", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
      "ReduceMean", "ReduceSum", "ReduceMax", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
      "Split", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast", "Expand",
      "ConstantOfShape", "Equal", "Where") + tuple(BY_ONNX)))
 # ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
 MODULE_HINTS = {"LayerNormalization": "nn.LayerNorm", "InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
                 "GroupNormalization": "nn.GroupNorm", "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN",
-                "Gelu": "nn.GELU", "ConvTranspose": "nn.ConvTranspose2d", "Resize": "nn.Upsample",
+                "Gelu": "nn.GELU", "Resize": "nn.Upsample",
                 "Upsample": "nn.Upsample", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
                 "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
 # only on constants and shape values (Expand and ConstantOfShape also to a batch of one constant sample:
@@ -280,6 +280,43 @@ def to_ir(model, input_shape=None) -> Graph:
             if len(ins) > 2 and ins[2]:
                 layer.params["bias"] = param(node, 2)
             shapes[out] = (oc, oh, ow)
+            layers.append(layer)
+            continue
+        if op == "ConvTranspose":
+            x = act(ins[0])
+            if len(shapes[x]) != 3:
+                raise BuildError(f"{_where(node)}: ConvTranspose needs a (C, H, W) input, got {shapes[x]}")
+            warr = weight(node, 1)
+            if warr.ndim != 4:
+                raise BuildError(f"{_where(node)}: only 2-D transposed convolutions are supported "
+                                 f"(weight {warr.shape})")
+            groups = int(a.get("group", 1))
+            ic, ocg, kh, kw = warr.shape
+            c, h, w_ = shapes[x]
+            if ic != c or c % groups:
+                raise BuildError(f"{_where(node)}: weight {warr.shape} with group={groups} does not fit "
+                                 f"{c} input channels")
+            strides = tuple(a.get("strides", [1, 1]))
+            dil = tuple(a.get("dilations", [1, 1]))
+            extra = tuple(a.get("output_padding", [0, 0]))
+            auto = a.get("auto_pad", b"NOTSET")
+            if (auto.decode() if isinstance(auto, bytes) else auto) != "NOTSET":
+                _unsupported_attr(node, "auto_pad", auto, "give explicit pads, as PyTorch exports")
+            full = [(n - 1) * s + d * (k - 1) + 1 + e for n, s, d, k, e in zip((h, w_), strides, dil, (kh, kw), extra)]
+            if "output_shape" in a:  # the pads that give it (ONNX: the extra goes at the end, SAME_UPPER)
+                total = [f - o for f, o in zip(full, a["output_shape"][-2:])]
+                pads = (total[0] // 2, total[1] // 2, total[0] - total[0] // 2, total[1] - total[1] // 2)
+            else:
+                pads = tuple(a.get("pads", [0, 0, 0, 0]))
+            oh, ow = full[0] - pads[0] - pads[2], full[1] - pads[1] - pads[3]
+            if oh < 1 or ow < 1 or min(pads) < 0:
+                raise BuildError(f"{_where(node)}: output would be {oh}x{ow} (pads {list(pads)}) for input {h}x{w_}")
+            layer = Layer("conv_transpose", node.name, [x], [out],
+                          {"kernel": (kh, kw), "strides": strides, "pads": pads, "dilations": dil, "groups": groups,
+                           "output_padding": extra}, {"weight": param(node, 1)})
+            if len(ins) > 2 and ins[2]:
+                layer.params["bias"] = param(node, 2)
+            shapes[out] = (ocg * groups, oh, ow)
             layers.append(layer)
             continue
         if op == "BatchNormalization":

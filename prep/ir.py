@@ -9,6 +9,8 @@ Ops, grouped:
   parametric   dense        y = act(x @ W.T + b)               weight [O, I] (or [I, O], `transposed`), bias [O]
                conv         y = act(conv2d(x, W) + b)          weight [OC, IC/groups, KH, KW], bias [OC]
                             attrs: kernel, strides, pads (top, left, bottom, right), dilations, groups
+               conv_transpose  y = act(conv_transpose2d(x, W) + b)   weight [IC, OC/groups, KH, KW], bias [OC]
+                            attrs: those of conv (pads cut from the full output), output_padding
   folded away  batchnorm    inference form; `prep.fold` folds it into the conv/dense before it
   elementwise  every op of prep/elementwise.py: unary (relu, clip, hardswish, exp, ...: ACTIVATIONS) and
                binary (add, sub, mul, div, prelu: BINARY) with ONNX broadcasting; attrs: the op's
@@ -28,7 +30,7 @@ Ops, grouped:
                             Consecutive ones compose into one (prep.graph); one that keeps the texels
                             (layout.gather_is_view) is no pass
 
-`dense` and `conv` may carry a fused activation (`attrs["act"]`, with its attributes in
+`dense`, `conv` and `conv_transpose` (WEIGHTED) may carry a fused activation (`attrs["act"]`, with its attributes in
 `attrs["act_attrs"]`), set by `prep.fuse`.
 
 An elementwise layer's `attrs["operands"]` lists, per operand of its expression, where it comes
@@ -50,7 +52,8 @@ ELEMENTWISE = ACTIVATIONS + tuple(BINARY)
 POOLS = ("maxpool", "avgpool", "global_avgpool")
 REDUCE = ("reduce",)
 SOFTMAX = ("softmax", "log_softmax")
-OPS = ("dense", "conv", "batchnorm", "flatten", "gather", "concat") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
+WEIGHTED = ("dense", "conv", "conv_transpose")  # a weight, a bias, a fused activation (prep/fuse.py)
+OPS = WEIGHTED + ("batchnorm", "flatten", "gather", "concat") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
 
 
 @dataclass
@@ -120,8 +123,10 @@ class Graph:
     def macs(self, layer: Layer) -> int:
         """Multiply-adds of one sample through a dense or conv layer (each weight once per output
         position); 0 for the layers without a weight."""
-        if layer.op not in ("dense", "conv"):
+        if layer.op not in WEIGHTED:
             return 0
+        if layer.op == "conv_transpose":  # each weight once per input position
+            return int(self.params[layer.params["weight"]].array.size * np.prod(self.shapes[layer.inputs[0]][1:]))
         out = self.shapes[layer.outputs[0]]
         spatial = int(np.prod(out[1:])) if len(out) == 3 else 1
         return int(self.params[layer.params["weight"]].array.size) * spatial

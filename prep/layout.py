@@ -20,7 +20,8 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
   class labels                  n               1               1
   loss ring                     1               1               4 * RING     (loss of step s in texel s % RING, .x)
   samples last (dzt:, xt:)      c * H + h       w               n            (4 samples of one (c, h, w);
-                                                                             a dense output is (F, 1, 1))
+                                                                             a dense output is (F, 1, 1);
+                                                                             dzt: of a transposed conv's dZ)
   sample-blocked part (blk{t}:T) (n // 8) * H + h w              c            (the samples n = 8*r + t of T, an
                                                                              activation or gradient, see
                                                                              SAMPLE_BLOCK_MIN_MACS)
@@ -57,7 +58,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .elementwise import passes_gradient
-from .ir import ELEMENTWISE, Graph, operands
+from .ir import ELEMENTWISE, WEIGHTED, Graph, operands
 
 LOSS_RING = 64  # steps of mean loss kept on the GPU between asynchronous readbacks
 WEBGL2_MIN_TEXTURE_SIZE = 2048  # every WebGL2 device supports at least this
@@ -368,15 +369,17 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             add(TextureSpec("split:" + out, "partial", (max_batch,) + graph.shapes[out], p, p.rows, p.r2))
         # below the lowest trainable layer (out needs no gradient) the backward has no pass, and a frozen
         # weight no gradient pass: neither needs the textures that follow
-        if layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none" and out in needs:
+        if layer.op in WEIGHTED and layer.attrs.get("act", "none") != "none" and out in needs:
             per_sample("dz:" + out, "gradient", out)  # the gradient before its fused activation
         # the weight gradient's factor with the samples as channels (see above); a dense layer's one-sample
         # weight gradient reads dZ as it is, so only a blocked one needs dzt:
-        trains_weight = layer.op in ("dense", "conv") and graph.is_trainable(layer.params["weight"])
+        trains_weight = layer.op in WEIGHTED and graph.is_trainable(layer.params["weight"])
         if layer.op == "dense" and trains_weight and weight_grad_blocked(layer, graph, max_batch):
             samples_last("dzt:" + out, "gradient", out, rows_of=4)
         if layer.op == "conv" and trains_weight:
             samples_last("xt:" + act_alias.get(layer.inputs[0], layer.inputs[0]), "activation", layer.inputs[0])
+        if layer.op == "conv_transpose" and trains_weight:  # its weight gradient is a conv's, with dZ as its X
+            samples_last("dzt:" + out, "gradient", out)
 
     # Gradients. A tensor with one consumer gets grad:T written by that consumer's backward;
     # with several, each writes grad:T@k and a sum pass adds them into grad:T. The backward of
@@ -402,7 +405,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
                 continue
             target = "grad:" + out if len(uses) == 1 else f"grad:{out}@{k}"
             if len(uses) == 1 and consumer != "<loss>" and consumer.op == "dense" and \
-                    layer.op in ("dense", "conv") and layer.attrs.get("act", "none") != "none":
+                    layer.op in WEIGHTED and layer.attrs.get("act", "none") != "none":
                 target = "dz:" + out
                 act_grad_fused[out] = (layer.attrs["act"], layer.attrs.get("act_attrs", {}))
             grad_targets[(cname, slot)] = target
@@ -428,7 +431,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             shape = next(o["shape"] for o in operands(layer, graph) if o.get("role") == role)
             packing = activation_packing(tuple(shape), 1)
             height = packing.rows
-        elif layer.op == "conv":
+        elif layer.op in ("conv", "conv_transpose"):  # a transposed conv's [IC, OCg, KH, KW] as a conv's
             packing = conv_weight_packing(*conv_weight_shape(p.array))
             height = packing.rows
         else:

@@ -198,6 +198,12 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
                 for s in x:
                     gs.fix(s.group, why)
                 axes[out] = (Seg(gs.new(oc, layer, reason=why), oc, 1),)
+        elif layer.op == "conv_transpose":  # neither its inputs nor its outputs are pruned (not written yet)
+            why = f"transposed conv {layer.name!r} is not pruned"
+            for s in x:
+                gs.fix(s.group, why)
+            oc = graph.shapes[out][0]
+            axes[out] = (Seg(gs.new(oc, layer, reason=why), oc, 1),)
         elif layer.op == "flatten":
             hw = int(np.prod(graph.shapes[layer.inputs[0]][1:]))
             axes[out] = tuple(Seg(s.group, s.n, s.rep * hw) for s in x)

@@ -91,6 +91,15 @@ class IRModule(nn.Module):
             w = w[:, :, None, :] if w.dim() == 3 else w  # a Conv1d's weight, run as 2-D (prep/graph.py)
             return F.conv2d(x, w, self.param(layer, "bias"), stride=a["strides"],
                             padding=(t, l), dilation=a["dilations"], groups=a["groups"])
+        if op == "conv_transpose":  # the full output, then the pads cut from it (they may be uneven)
+            y = F.conv_transpose2d(x, self.param(layer, "weight"), stride=a["strides"], dilation=a["dilations"],
+                                   groups=a["groups"])
+            t, l, _, _ = a["pads"]
+            oh, ow = self.graph.shapes[layer.outputs[0]][1:]
+            y = F.pad(y, (0, max(0, l + ow - y.shape[3]), 0, max(0, t + oh - y.shape[2])))  # output_padding
+            y = y[:, :, t:t + oh, l:l + ow]
+            b = self.param(layer, "bias")
+            return y if b is None else y + b.reshape(1, -1, 1, 1)
         if op == "batchnorm":  # inference form (before prep.fold)
             c = lambda v: torch.tensor(np.asarray(v, dtype=np.float32))  # noqa: E731
             return F.batch_norm(x, c(a["mean"]), c(a["var"]), c(a["scale"]), c(a["bias"]), False, 0.0, a["eps"])

@@ -677,6 +677,24 @@ class Reductions(nn.Module):
         return self.fc(torch.cat([a.flatten(1), b.flatten(1), c, d], 1))
 
 
+class TransposedConvs(nn.Module):
+    """ConvTranspose2d: stride 2 with padding, output_padding and a fused ReLU; grouped and dilated without a
+    bias; depthwise; an uneven stride and kernel (non-overlapping windows) before a tanh."""
+
+    def __init__(self):
+        super().__init__()
+        self.up1 = nn.ConvTranspose2d(3, 6, 3, stride=2, padding=1, output_padding=1)
+        self.up2 = nn.ConvTranspose2d(6, 4, 3, padding=2, dilation=2, groups=2, bias=False)
+        self.dw = nn.ConvTranspose2d(4, 4, 3, stride=2, padding=1, groups=4)
+        self.up3 = nn.ConvTranspose2d(4, 5, (2, 3), stride=(3, 2), padding=(0, 1))
+        self.fc = nn.Linear(5, 5)
+
+    def forward(self, x):
+        y = self.up2(torch.relu(self.up1(x)))
+        y = torch.tanh(self.up3(self.dw(y)))
+        return self.fc(y.mean((2, 3)))
+
+
 MOBILE_SHAPE = (3, 9, 7)
 # name -> (factory, per-sample input shape): cross_entropy on 5 class logits
 BLOCK_CASES = {
@@ -689,6 +707,7 @@ BLOCK_CASES = {
     "prelu": (PReLUNet, (3, 11, 9)),
     "reductions": (Reductions, (3, 11, 9)),
     "keyword_spotting_conv1d": (lambda: _folded_spotter(), (13, 25)),
+    "conv_transpose": (TransposedConvs, (3, 5, 4)),
 }
 
 
