@@ -16,7 +16,7 @@ import numpy as np
 from . import elementwise as ew
 from .elementwise import BY_ONNX
 from .ir import Graph, Layer, Param
-from . import onnx_shape
+from . import onnx_shape, resample
 from .load import PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, initializer_arrays
 from .shape import chain_shape
 
@@ -24,14 +24,13 @@ N = "N"  # the batch dimension in symbolic shape values
 
 SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "ConvTranspose", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
-     "ReduceMean", "ReduceSum", "ReduceMax", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
+     "ReduceMean", "ReduceSum", "ReduceMax", "Resize", "Upsample", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
      "Split", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast", "Expand",
      "ConstantOfShape", "Equal", "Where") + tuple(BY_ONNX)))
 # ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
 MODULE_HINTS = {"LayerNormalization": "nn.LayerNorm", "InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
                 "GroupNormalization": "nn.GroupNorm", "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN",
-                "Gelu": "nn.GELU", "Resize": "nn.Upsample",
-                "Upsample": "nn.Upsample", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
+                "Gelu": "nn.GELU", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
                 "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
 # only on constants and shape values (Expand and ConstantOfShape also to a batch of one constant sample:
 # an operand of Concat)
@@ -370,6 +369,15 @@ def to_ir(model, input_shape=None) -> Graph:
             # any other axis, or constant operands: a gather of the operands, each padded to its place
             parts, tensors = onnx_shape.concat_parts(_where(node), axis, operands, sample)
             gather(node, out, parts, tensors)
+            continue
+        if op in ("Resize", "Upsample") or (op == "Pad" and resample.pad_mode(a) in ("edge", "reflect")):
+            x = act(ins[0])
+            if any(i and i not in consts for i in ins[1:]):
+                raise BuildError(f"{_where(node)}: {op} with scales, sizes or pads computed from activations "
+                                 "is not supported")
+            kind, rows, cols, shapes[out] = resample.from_onnx(
+                _where(node), op, a, [consts[i] if i else None for i in ins[1:]], shapes[x])
+            layers.append(Layer("resample", node.name, [x], [out], {"kind": kind, "rows": rows, "cols": cols}))
             continue
         if op in ("Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad"):
             x = act(ins[0])

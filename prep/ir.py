@@ -20,6 +20,9 @@ Ops, grouped:
   pooling      maxpool      attrs: kernel, strides, pads, ceil_mode
                avgpool      attrs: kernel, strides, pads, ceil_mode, count_include_pad
                global_avgpool   mean over H, W; attrs: keepdims
+  resampling   resample     Resize/Upsample (nearest, bilinear), Pad (edge, reflect) over H and W: attrs: kind,
+                            rows and cols, the taps (input index, weight) of each output row and column
+                            (prep/resample.py)
   merging      concat       on the channel axis
   layout       flatten      (C, H, W) -> (C*H*W,) in PyTorch's order; on dense data a no-op
                gather       every other shape op on activations (Reshape, Transpose, Flatten on any axis,
@@ -53,7 +56,7 @@ POOLS = ("maxpool", "avgpool", "global_avgpool")
 REDUCE = ("reduce",)
 SOFTMAX = ("softmax", "log_softmax")
 WEIGHTED = ("dense", "conv", "conv_transpose")  # a weight, a bias, a fused activation (prep/fuse.py)
-OPS = WEIGHTED + ("batchnorm", "flatten", "gather", "concat") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
+OPS = WEIGHTED + ("batchnorm", "flatten", "gather", "concat", "resample") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
 
 
 @dataclass

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import elementwise as ew
+from . import resample as rs
 from .graph import pool_out
 from .ir import ELEMENTWISE, Graph, operands
 
@@ -100,6 +101,11 @@ class IRModule(nn.Module):
             y = y[:, :, t:t + oh, l:l + ow]
             b = self.param(layer, "bias")
             return y if b is None else y + b.reshape(1, -1, 1, 1)
+        if op == "resample":  # the axes' [out, in] matrices from the taps (prep/resample.py)
+            h, w = self.graph.shapes[layer.inputs[0]][1:]
+            rows = torch.tensor(rs.matrix(a["rows"], h), dtype=x.dtype)
+            cols = torch.tensor(rs.matrix(a["cols"], w), dtype=x.dtype)
+            return torch.einsum("yh,nchw,xw->ncyx", rows, x, cols)
         if op == "batchnorm":  # inference form (before prep.fold)
             c = lambda v: torch.tensor(np.asarray(v, dtype=np.float32))  # noqa: E731
             return F.batch_norm(x, c(a["mean"]), c(a["var"]), c(a["scale"]), c(a["bias"]), False, 0.0, a["eps"])

@@ -639,8 +639,9 @@ def _with_bn_stats(module):
     module.eval()
     for seq in [m for m in module.modules() if isinstance(m, nn.Sequential)]:
         for i in range(len(seq) - 1):
-            if isinstance(seq[i], nn.Conv2d) and isinstance(seq[i + 1], nn.BatchNorm2d):
-                seq[i], seq[i + 1] = fuse_conv_bn_eval(seq[i], seq[i + 1]), nn.Identity()
+            if isinstance(seq[i], (nn.Conv2d, nn.ConvTranspose2d)) and isinstance(seq[i + 1], nn.BatchNorm2d):
+                seq[i], seq[i + 1] = fuse_conv_bn_eval(seq[i], seq[i + 1], transpose=isinstance(
+                    seq[i], nn.ConvTranspose2d)), nn.Identity()
     for p in module.parameters():  # the bias a conv without one gains is made not to train
         p.requires_grad_(True)
     return module
@@ -695,6 +696,55 @@ class TransposedConvs(nn.Module):
         return self.fc(y.mean((2, 3)))
 
 
+class UNetDecoder(nn.Module):
+    """A small UNet: down by a strided conv and a max-pool; up by a ConvTranspose2d (with a batch-norm and a
+    ReLU), bilinear and nearest Upsample, each joined with its skip connection by concatenation."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc1 = nn.Conv2d(3, 6, 3, padding=1)  # (6, 12, 8)
+        self.enc2 = nn.Conv2d(6, 8, 3, stride=2, padding=1)  # (8, 6, 4)
+        self.mid = nn.Conv2d(8, 8, 3, padding=1)  # (8, 3, 2), after a max-pool
+        self.up1 = nn.Sequential(nn.ConvTranspose2d(8, 8, 2, stride=2), nn.BatchNorm2d(8), nn.ReLU())  # (8, 6, 4)
+        self.dec1 = nn.Conv2d(16, 6, 3, padding=1)
+        self.up2 = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)  # (6, 12, 8)
+        self.dec2 = nn.Conv2d(12, 4, 3, padding=1)
+        self.up3 = nn.Upsample(scale_factor=2, mode="nearest")  # (4, 24, 16)
+        self.head = nn.Conv2d(4, 2, 3, stride=2)  # (2, 11, 7)
+        self.fc = nn.Linear(2 * 11 * 7, 5)
+
+    def forward(self, x):
+        e1 = torch.relu(self.enc1(x))
+        e2 = torch.relu(self.enc2(e1))
+        m = torch.relu(self.mid(F.max_pool2d(e2, 2)))
+        d1 = torch.relu(self.dec1(torch.cat([self.up1(m), e2], 1)))
+        d2 = torch.relu(self.dec2(torch.cat([self.up2(d1), e1], 1)))
+        return self.fc(torch.relu(self.head(self.up3(d2))).flatten(1))
+
+
+class ResizeAndPad(nn.Module):
+    """Every resize PyTorch exports and the pads by copying, each read position by position (a Linear over
+    all of them): nearest at a fractional scale, to a size and shrinking, bilinear with and without
+    align_corners, at a scale, to a size and shrinking; reflect and replicate padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)  # (4, 5, 3)
+        self.fc = nn.Linear(4 * (7 * 4 + 6 * 5 + 3 * 2 + 9 * 6 + 10 * 6 + 5 * 3 + 8 * 6 + 9 * 5), 5)
+
+    def forward(self, x):
+        y = self.conv(x)
+        parts = [F.interpolate(y, scale_factor=1.5, mode="nearest"),  # (7, 4)
+                 F.interpolate(y, size=(6, 5), mode="nearest"),
+                 F.interpolate(y, size=(3, 2), mode="nearest"),  # shrinking
+                 F.interpolate(y, size=(9, 6), mode="bilinear", align_corners=True),
+                 F.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False),  # (10, 6)
+                 F.interpolate(F.interpolate(y, scale_factor=2, mode="bilinear"), scale_factor=0.5, mode="bilinear"),
+                 F.pad(y, (1, 2, 2, 1), mode="reflect"),  # (8, 6)
+                 F.pad(y, (2, 0, 1, 3), mode="replicate")]  # (9, 5)
+        return self.fc(torch.cat([p.flatten(1) for p in parts], 1))
+
+
 MOBILE_SHAPE = (3, 9, 7)
 # name -> (factory, per-sample input shape): cross_entropy on 5 class logits
 BLOCK_CASES = {
@@ -708,6 +758,8 @@ BLOCK_CASES = {
     "reductions": (Reductions, (3, 11, 9)),
     "keyword_spotting_conv1d": (lambda: _folded_spotter(), (13, 25)),
     "conv_transpose": (TransposedConvs, (3, 5, 4)),
+    "unet_decoder": (lambda: _with_bn_stats(UNetDecoder()), (3, 12, 8)),
+    "resize_and_pad": (ResizeAndPad, (3, 7, 5)),
 }
 
 

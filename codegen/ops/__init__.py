@@ -9,6 +9,7 @@
     pool.py         maxpool, avgpool, global_avgpool
     merge.py        concat, and the sum of a tensor's gradient contributions
     reshape.py      flatten of (C, H, W) data
+    resample.py     resize, upsample (nearest, bilinear) and pad (edge, reflect): taps per row and column
     gather.py       every other shape op (reshape, transpose, slice, split, concat on any axis, squeeze)
     loss.py         cross_entropy, mse: gradient pass and loss-value pass
     optim.py        sgd, adam (AdamW is adam with decoupled weight decay)
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 from texelfit.prep.ir import ELEMENTWISE, POOLS, SOFTMAX
 
-from . import conv, conv_transpose, dense, elementwise, gather, merge, pool, reduce, reshape, softmax
+from . import conv, conv_transpose, dense, elementwise, gather, merge, pool, reduce, resample, reshape, softmax
 from .loss import LOSSES, loss_passes
 from .optim import OPTIMIZERS, optimizer_pass
 
 FAMILIES = {"dense": dense, "conv": conv, "conv_transpose": conv_transpose, "concat": merge, "flatten": reshape, "gather": gather,
             **{e: elementwise for e in ELEMENTWISE}, **{s: softmax for s in SOFTMAX}, **{p: pool for p in POOLS},
-            "reduce": reduce}
+            "reduce": reduce, "resample": resample}
 
 
 def forward(layer, graph, plan):
