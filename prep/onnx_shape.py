@@ -193,8 +193,8 @@ def view_ops(where: str, op: str, a: dict, vals: list, shape: tuple[int, ...]) -
         mode = mode.decode() if isinstance(mode, bytes) else mode
         value = vals[1][0] if vals[1] else 0
         if mode != "constant" or value != 0:
-            raise BuildError(f"{where}: Pad mode {mode!r} with value {value}: only zero padding (constant 0) is "
-                             "supported yet")
+            raise BuildError(f"{where}: Pad mode {mode!r} with value {value}: only zero padding (constant 0) "
+                             "and the modes edge and reflect on H and W are supported")
         pads, rank = vals[0], len(shape) + 1
         axes = [axis(where, v, rank) + 1 for v in vals[2]] if vals[2] is not None else list(range(rank))
         if pads is None or any(isinstance(v, str) for v in pads) or len(pads) != 2 * len(axes):

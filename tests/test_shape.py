@@ -259,10 +259,12 @@ def test_reshape_targets(target, allowzero, want):
     assert reshape_target("Reshape node 'n'", target, (4, 5, 6), allowzero, None) == want
 
 
-def test_pad_modes_other_than_zero_are_refused_naming_the_node():
-    class Reflect(torch.nn.Module):
+def test_pad_with_a_value_other_than_zero_is_refused_naming_the_node():
+    """Zero padding is a view, edge and reflect a resample (test_elementwise.py: resize_and_pad); a
+    constant other than zero is refused, naming the node and what is supported."""
+    class Value(torch.nn.Module):
         def forward(self, x):
-            return torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect") * 2.0
+            return torch.nn.functional.pad(x, (1, 1, 1, 1), value=0.5) * 2.0
 
-    with pytest.raises(BuildError, match=r"Pad node .*: Pad mode 'reflect'.*only zero padding"):
-        compile_onnx(export_simplified(Reflect(), (3, 5, 5)), name="m", input_shape=(3, 5, 5))
+    with pytest.raises(BuildError, match=r"Pad node .*: Pad mode 'constant' with value 0.5.*only zero padding"):
+        compile_onnx(export_simplified(Value(), (3, 5, 5)), name="m", input_shape=(3, 5, 5))
