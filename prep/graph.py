@@ -226,6 +226,13 @@ def to_ir(model, input_shape=None) -> Graph:
             raise BuildError(f"{_where(node)}: {op} on activations is not supported (only on constant shapes)")
 
         # ---- layers ------------------------------------------------------------------------------
+        if op == "Dropout" and len(ins) > 2 and ins[2] and bool(np.asarray(consts.get(ins[2], False))) and \
+                float(np.asarray(consts.get(ins[1], 0.5))) > 0:
+            # kept by the exporter (prep/load.py: export_module) in training mode: applied in fit
+            layers.append(Layer("dropout", node.name, [act(ins[0])], [out],
+                                {"ratio": float(np.asarray(consts[ins[1]]) if ins[1] in consts else 0.5)}))
+            shapes[out] = shapes[layers[-1].inputs[0]]
+            continue
         if op in ("Identity", "Dropout"):
             alias[out] = act(ins[0])
             continue

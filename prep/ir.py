@@ -23,6 +23,7 @@ Ops, grouped:
   resampling   resample     Resize/Upsample (nearest, bilinear), Pad (edge, reflect) over H and W: attrs: kind,
                             rows and cols, the taps (input index, weight) of each output row and column
                             (prep/resample.py)
+  training     dropout      attrs: ratio; applied in fit's training steps only (prep/dropout.py)
   merging      concat       on the channel axis
   layout       flatten      (C, H, W) -> (C*H*W,) in PyTorch's order; on dense data a no-op
                gather       every other shape op on activations (Reshape, Transpose, Flatten on any axis,
@@ -56,7 +57,7 @@ POOLS = ("maxpool", "avgpool", "global_avgpool")
 REDUCE = ("reduce",)
 SOFTMAX = ("softmax", "log_softmax")
 WEIGHTED = ("dense", "conv", "conv_transpose")  # a weight, a bias, a fused activation (prep/fuse.py)
-OPS = WEIGHTED + ("batchnorm", "flatten", "gather", "concat", "resample") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
+OPS = WEIGHTED + ("batchnorm", "flatten", "gather", "concat", "resample", "dropout") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
 
 
 @dataclass

@@ -161,6 +161,12 @@ def export_module(module, input_shape: tuple[int, ...]):
     import torch
 
     module = module.eval()
+    # nn.Dropout modules export in training mode (a Dropout node that prep.graph keeps), so that fit applies
+    # them as model.train() does; everything else in eval mode (batch-norm in its inference form)
+    dropouts = [m for m in module.modules() if type(m) is torch.nn.Dropout and m.p > 0] \
+        if isinstance(module, torch.nn.Module) and not isinstance(module, torch.jit.ScriptModule) else []
+    for m in dropouts:
+        m.train()
     example = torch.zeros((2,) + tuple(input_shape), dtype=torch.float32)
     buf = io.BytesIO()
     with warnings.catch_warnings():
@@ -179,6 +185,9 @@ def export_module(module, input_shape: tuple[int, ...]):
         except Exception as e:
             raise BuildError(f"ONNX export failed for input shape {tuple(input_shape)}: "
                              f"{' '.join(str(e).split())[:400]}") from None
+        finally:
+            for m in dropouts:
+                m.eval()
     return onnx.load_from_string(buf.getvalue())
 
 

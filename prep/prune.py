@@ -237,7 +237,7 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
                 gs.fix(s.group, f"reduce {layer.name!r} is not over (C, H, W) data")
             axes[out] = (Seg(gs.new(_channels_of(graph.shapes[out]), reason="a reduction"),
                              _channels_of(graph.shapes[out]), 1),)
-        elif layer.op in ELEMENTWISE + POOLS + SOFTMAX + ("batchnorm", "reduce", "resample"):
+        elif layer.op in ELEMENTWISE + POOLS + SOFTMAX + ("batchnorm", "reduce", "resample", "dropout"):
             axes[out] = x
         else:
             raise AssertionError(f"prune: op {layer.op!r} is not handled")

@@ -101,6 +101,8 @@ class IRModule(nn.Module):
             y = y[:, :, t:t + oh, l:l + ow]
             b = self.param(layer, "bias")
             return y if b is None else y + b.reshape(1, -1, 1, 1)
+        if op == "dropout":  # the inference form (a training step's mask: prep/dropout.py)
+            return x
         if op == "resample":  # the axes' [out, in] matrices from the taps (prep/resample.py)
             h, w = self.graph.shapes[layer.inputs[0]][1:]
             rows = torch.tensor(rs.matrix(a["rows"], h), dtype=x.dtype)

@@ -31,6 +31,8 @@ def flops(layer, graph: Graph) -> int:
         kh, kw = layer.attrs["kernel"]
         c_in = graph.shapes[layer.inputs[0]][0]
         return 2 * size * (c_in // layer.attrs["groups"]) * kh * kw + extra
+    if layer.op == "dropout":  # in training steps
+        return size
     if layer.op == "resample":  # a multiply-add a tap
         return 2 * size * max(len(t) for t in layer.attrs["rows"]) * max(len(t) for t in layer.attrs["cols"])
     if layer.op == "conv_transpose":

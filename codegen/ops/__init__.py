@@ -8,6 +8,7 @@
     reduce.py       mean, sum, max over any per-sample axes
     pool.py         maxpool, avgpool, global_avgpool
     merge.py        concat, and the sum of a tensor's gradient contributions
+    dropout.py      dropout (applied in fit's training steps only)
     reshape.py      flatten of (C, H, W) data
     resample.py     resize, upsample (nearest, bilinear) and pad (edge, reflect): taps per row and column
     gather.py       every other shape op (reshape, transpose, slice, split, concat on any axis, squeeze)
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 from texelfit.prep.ir import ELEMENTWISE, POOLS, SOFTMAX
 
-from . import conv, conv_transpose, dense, elementwise, gather, merge, pool, reduce, resample, reshape, softmax
+from . import conv, conv_transpose, dense, dropout, elementwise, gather, merge, pool, reduce, resample, reshape, softmax
 from .loss import LOSSES, loss_passes
 from .optim import OPTIMIZERS, optimizer_pass
 
 FAMILIES = {"dense": dense, "conv": conv, "conv_transpose": conv_transpose, "concat": merge, "flatten": reshape, "gather": gather,
             **{e: elementwise for e in ELEMENTWISE}, **{s: softmax for s in SOFTMAX}, **{p: pool for p in POOLS},
-            "reduce": reduce, "resample": resample}
+            "reduce": reduce, "resample": resample, "dropout": dropout}
 
 
 def forward(layer, graph, plan):
