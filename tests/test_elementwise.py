@@ -60,7 +60,7 @@ def test_block_trains_like_pytorch(web, site, case):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "rgba8"])
-@pytest.mark.parametrize("case", ["efficientnet_mbconv", "mobilenet_v3_block", "prelu"])
+@pytest.mark.parametrize("case", ["efficientnet_mbconv", "mobilenet_v3_block", "prelu", "unet_decoder", "resize_and_pad"])
 def test_block_trains_like_pytorch_on_every_backend(web, site, case, backend):
     factory, shape = BLOCK_CASES[case]
     check_training(web, site, _named(factory, f"{case}_{backend}"), shape, "sgd_momentum_wd", "cross_entropy",
