@@ -143,9 +143,15 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--weights", help="state_dict for a package.module:Attr source")
     i.add_argument("--input-shape", type=_shape, help="per-sample input shape, for PyTorch sources")
     i.add_argument("--trust-pickle", action="store_true")
+    i.add_argument("--partial", action="store_true",
+                   help="FILE may hold only some tensors (e.g. the photo demo's trained head); the others come from SOURCE")
 
-    d = sub.add_parser("demo", help="train, prune and quantise the default CNN, build dist/demo and serve the page")
-    d.add_argument("--out", default="dist/demo")
+    d = sub.add_parser("demo", help="build the demo page and serve it on 127.0.0.1: EfficientNet-Lite0 that you teach "
+                                    "your own pictures (default), or --example digits")
+    d.add_argument("--example", choices=["photos", "digits"], default="photos",
+                   help="photos (default): EfficientNet-Lite0 with a new head that trains on your pictures and webcam; "
+                        "digits: the 8x8-digits CNN, trained, pruned and quantised, fine-tuned on your handwriting")
+    d.add_argument("--out", help="default dist/demo (photos) or dist/demo-digits (digits)")
     d.add_argument("--port", type=int, default=8737)
     d.add_argument("--no-serve", action="store_true", help="only build")
     return p
@@ -253,12 +259,12 @@ def main(argv=None) -> int:
         elif args.command == "demo":
             from texelfit.demo import run_demo
 
-            run_demo(args.out, port=args.port, serve_page=not args.no_serve)
+            run_demo(args.out, port=args.port, serve_page=not args.no_serve, example=args.example)
         elif args.command == "import-weights":
             from texelfit.importer import import_weights
 
             graph = import_weights(args.file, args.source, args.out, input_shape=args.input_shape,
-                                   weights=args.weights, trust_pickle=args.trust_pickle)
+                                   weights=args.weights, trust_pickle=args.trust_pickle, partial=args.partial)
             print(f"texelfit: wrote {args.out}: {len(graph.params)} tensors, {graph.parameter_count()} parameters")
     except BuildError as e:
         print(f"texelfit: error: {e}", file=sys.stderr)
