@@ -118,6 +118,17 @@ def parser() -> argparse.ArgumentParser:
                    help="the parameters that train: comma-separated fnmatch patterns over their names (state_dict "
                         "names), e.g. 'classifier.*,features.18.*'; the others are frozen (no gradient, no optimizer "
                         "state, no passes). Default '*' (all); 'none' builds an inference-only bundle")
+    b.add_argument("--input-normalize", default="none", metavar="MODE",
+                   help="an image input (1 or 3 channels, C,H,W): what m.fromImages(sources) gives the model, recorded in "
+                        "the bundle: imagenet (RGB in [0, 1], then the ImageNet mean/std), unit (RGB in [0, 1]), "
+                        "MEAN1,MEAN2,MEAN3:STD1,STD2,STD3 (on [0, 1] values; MEAN:STD for 1 channel), or none "
+                        "(default: no image input, no fromImages)")
+    w = b.add_mutually_exclusive_group()
+    w.add_argument("--weights-file", dest="weights_file", action="store_true", default=None,
+                   help="ship the weights in NAME.weights.bin beside NAME.js, which fetches it (default when they "
+                        "exceed 4 MiB)")
+    w.add_argument("--embed-weights", dest="weights_file", action="store_false",
+                   help="embed the weights in NAME.js (default up to 4 MiB)")
     _model_options(b)
 
     t = sub.add_parser("train", help="train the default model (a small CNN) on scikit-learn's 8x8 digits")
@@ -179,11 +190,15 @@ def cmd_build(args) -> None:
 
     _untrained_note(args)
     result = build(args.source, args.out, name=args.name, prune=args.prune, trainable=args.trainable,
-                   **_options(args))
+                   input_normalize=args.input_normalize, weights_file=args.weights_file, **_options(args))
     rep = result.report
     print(f"texelfit: built {args.out}/{rep['name']}.js: {rep['parameters']} parameters, "
           f"{len(rep['layers'])} layers, {rep['kernels']} kernels, "
           f"{rep['files'][rep['name'] + '.js']} bytes, {rep['texture_bytes']} bytes of textures")
+    if rep["weights_file"]:
+        wf = rep["weights_file"]
+        print(f"texelfit: weights in {args.out}/{wf['name']} ({wf['bytes']} bytes, CRC-32 {wf['crc32']:08x}): serve it "
+              f"beside {rep['name']}.js")
     print(format_table(rep["table"], rep["accuracy"], args.quantize))
     print(format_role_bytes(rep["texture_bytes_by_role"]))
     if rep["batchnorm_folded"]:
