@@ -22,6 +22,7 @@ import base64
 import io
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -39,7 +40,18 @@ TIMEOUT = 240_000
 
 @pytest.fixture(scope="module")
 def photos(site):
-    summary = build_photos_demo(site.path("photos"), progress=False)
+    start = time.perf_counter()
+    if os.environ.get("DEVPREBUILT"):  # DEV-ONLY
+        import shutil, texelfit.photos_demo as pd
+        from texelfit.codegen.kernels import template_env
+        shutil.copytree(os.environ["DEVPREBUILT"], site.path("photos"))
+        summary = json.load(open(site.path("photos", "demo.json")))
+        ctx = dict(name=NAME, max_classes=pd.MAX_CLASSES, bundle_bytes=summary["bundle_bytes"], weights_bytes=summary["weights_bytes"], tier=summary["quantization"]["tier"])
+        for f, t in pd.PAGE_FILES.items():
+            open(site.path("photos", f), "w").write(template_env().get_template(t).render(ctx))
+    else:
+        summary = build_photos_demo(site.path("photos"), progress=False)
+    print(f"built the demo in {time.perf_counter() - start:.1f} s: {summary['quantization']['tier']}")
     summary["onnx"] = site.path("photos", NAME + ".onnx")
     site.headers_for["/photos/"] = {"Content-Security-Policy": CSP}
     return f"{site.url}/photos/index.html", summary
@@ -103,20 +115,31 @@ def drop_files(page, selector: str, files: list[bytes], stem: str):
     page.dispatch_event(selector, "drop", {"dataTransfer": dt})
 
 
+def poll(condition, seconds: float, message=None):
+    """Wait for a condition checked from Python (the page's CSP refuses the eval of wait_for_function)."""
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, f"not true after {seconds} s: {message() if message else ''}"
+        time.sleep(0.2)
+
+
 def open_page(page, url):
     page.goto(url)
-    page.wait_for_selector("body[data-ready=true]", timeout=TIMEOUT)
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=TIMEOUT)
+    print(f"page loaded in {page.get_attribute('body', 'data-load-seconds')} s")
 
 
 def make_classes(page, names):
     """Rename the two starting classes and add the others, through the page's controls."""
-    while page.locator("#classes .class").count() < len(names):
+    for n in range(page.locator("#classes .class").count(), len(names)):
         page.click("#add-class")
+        page.wait_for_selector(f"#classes .class:nth-child({n + 1})", state="attached")
     for i, name in enumerate(names):
         field = page.locator("#classes .class input.name").nth(i)
         field.fill(name)
         field.press("Enter")
-    page.wait_for_function("(n) => document.body.dataset.classes === n", arg=json.dumps(names))
+    poll(lambda: json.loads(page.get_attribute("body", "data-classes")) == names, 30,
+         lambda: page.get_attribute("body", "data-classes"))
 
 
 def card(i: int) -> str:
@@ -134,7 +157,7 @@ def train(page) -> dict:
         requestAnimationFrame(sample);
     }""")
     page.click("#train")
-    page.wait_for_selector("body[data-trained]", timeout=TIMEOUT)
+    page.wait_for_selector("body[data-trained]", state="attached", timeout=TIMEOUT)
     result = json.loads(page.get_attribute("body", "data-trained"))
     frames = page.evaluate("window.frames_")
     result["progress_values"] = len({p for p, _ in frames if 0 < p < 1})
@@ -167,10 +190,10 @@ def test_person_drops_photos_trains_and_takes_the_head_to_pytorch(person, photos
     make_classes(page, names)
     for i, name in enumerate(names):
         drop_files(page, card(i), pictures[name], name)
-    page.wait_for_function(f"document.body.dataset.examples === '{3 * PER_CLASS}'", timeout=60_000)
+    page.wait_for_selector(f"body[data-examples='{3 * PER_CLASS}']", state="attached", timeout=60_000)
     # everything is kept in IndexedDB: a reload shows the same classes and examples
     open_page(page, url)
-    assert page.get_attribute("body", "data-classes") == json.dumps(names)
+    assert json.loads(page.get_attribute("body", "data-classes")) == names
     assert page.get_attribute("body", "data-examples") == str(3 * PER_CLASS)
     assert page.locator(f"{card(0)} .thumbs img").count() == PER_CLASS
 
@@ -181,16 +204,16 @@ def test_person_drops_photos_trains_and_takes_the_head_to_pytorch(person, photos
     # a new picture, dropped on the test area, is predicted as its class
     china, _ = sample_photos()
     drop_files(page, "#test-drop", [png(photo_crops(china, 1, seed=99)[0])], "test")
-    page.wait_for_function("document.body.dataset.predictionSource === 'image'", timeout=60_000)
+    page.wait_for_selector("body[data-prediction-source=image]", state="attached", timeout=60_000)
     assert page.get_attribute("body", "data-prediction") == "temple"
     screenshot(page, "photos-demo-files.png")
 
     # saved in the browser, restored after a reload
     page.click("#save")
-    page.wait_for_function("document.getElementById('stored').textContent === 'saved in this browser'")
+    page.wait_for_selector("#stored:text-is('saved in this browser')")
     open_page(page, url)
     page.click("#restore")
-    page.wait_for_selector("body[data-restored=true]", timeout=60_000)
+    page.wait_for_selector("body[data-restored=true]", state="attached", timeout=60_000)
 
     # Download weights -> texelfit import-weights --partial -> PyTorch predicts as the page does
     with page.expect_download() as dl:
@@ -235,18 +258,18 @@ def test_person_captures_from_the_webcam_trains_and_predicts_live(person, photos
     drop_files(page, card(0), pictures["temple"], "temple")
     drop_files(page, card(1), pictures["flower"], "flower")
     page.click("#camera-toggle")
-    page.wait_for_selector("body[data-camera=on]", timeout=30_000)
+    page.wait_for_selector("body[data-camera=on]", state="attached", timeout=30_000)
     assert "mirror" in page.get_attribute("#camera", "class")
     assert page.evaluate("getComputedStyle(document.getElementById('camera')).transform") != "none"
     for k in range(PER_CLASS):
         page.click(f"{card(2)} button.capture")
-        page.wait_for_function(f"document.body.dataset.examples === '{2 * PER_CLASS + k + 1}'", timeout=30_000)
+        page.wait_for_selector(f"body[data-examples='{2 * PER_CLASS + k + 1}']", state="attached", timeout=30_000)
         page.wait_for_timeout(150)  # the fake camera's picture moves between frames
     result = train(page)
     check_trained(result, names)
     print(f"webcam flow: held-out {result['heldOut']}, loss {result['first']:.3f} -> {result['last']:.3f}")
     page.click("#predict-camera")
-    page.wait_for_function("Number(document.body.dataset.predictions || 0) >= 3", timeout=60_000)
+    poll(lambda: int(page.get_attribute("body", "data-predictions") or 0) >= 3, 60)
     assert page.get_attribute("body", "data-prediction-source") == "webcam"
     assert page.get_attribute("body", "data-prediction") == "me"
     screenshot(page, "photos-demo-webcam.png")

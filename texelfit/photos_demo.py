@@ -45,8 +45,6 @@ PAGE_FILES = {"index.html": "photos_demo.html.j2", "demo.js": "photos_demo.js.j2
 # what `texelfit demo` sends with every file of this page
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
        "media-src 'self' blob: mediastream:; object-src 'none'; base-uri 'none'")
-IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
-IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
 def lite0(classes: int | None = None):
@@ -121,23 +119,12 @@ def agreement_images(n: int = AGREEMENT_IMAGES) -> list[np.ndarray]:
             + generated_images(n - crops, seed=103))
 
 
-def preprocess(images: list[np.ndarray], side: int = SIDE) -> np.ndarray:
-    """NCHW float32 as the model takes it: the centre square, resized to side x side (bilinear,
-    antialiased, as torch's F.interpolate), values in [0, 1] normalised by ImageNet's mean and std.
-    What the page's fromImages does on the GPU (--input-normalize imagenet)."""
-    import torch
-    import torch.nn.functional as F
+def preprocess(images: list[np.ndarray]) -> np.ndarray:
+    """NCHW float32 as the model takes them: what the page's fromImages does on the GPU
+    (texelfit.images.preprocess: the centre crop, antialiased bilinear resize, ImageNet normalisation)."""
+    from texelfit.images import preprocess as images_preprocess
 
-    out = []
-    for img in images:
-        h, w = img.shape[:2]
-        s = min(h, w)
-        top, left = (h - s) // 2, (w - s) // 2
-        t = torch.from_numpy(img[top:top + s, left:left + s].astype(np.float32) / 255.0).permute(2, 0, 1)[None]
-        t = F.interpolate(t, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
-        out.append(t)
-    x = torch.cat(out).numpy()
-    return (x - IMAGENET_MEAN.reshape(1, 3, 1, 1)) / IMAGENET_STD.reshape(1, 3, 1, 1)
+    return images_preprocess(images, INPUT_SHAPE, "imagenet")
 
 
 # ---- the quantisation tier ---------------------------------------------------------------------------
@@ -214,7 +201,8 @@ def build_photos_demo(out: str, *, progress: bool = True) -> dict:
         print(f"texelfit: quantisation: {describe_tiers(measured)}", flush=True)
     model = lite0(MAX_CLASSES)
     result = compile_onnx(export_simplified(model, INPUT_SHAPE), name=NAME, input_shape=INPUT_SHAPE,
-                          max_batch=MAX_BATCH, quantize=tier, trainable=TRAINABLE, **_image_options())
+                          max_batch=MAX_BATCH, quantize=tier, trainable=TRAINABLE,
+                          input_normalize="imagenet", weights_file=True)
     files = dict(result.files)
     bundle_bytes = len(files[NAME + ".js"].encode())
     weights_name = NAME + ".weights.bin"
@@ -239,19 +227,3 @@ def build_photos_demo(out: str, *, progress: bool = True) -> dict:
               + f", {result.report['parameters']} parameters ({MAX_CLASSES}-class head on a frozen backbone, "
                 f"trunk {result.report['trunk']})", flush=True)
     return summary
-
-
-def _image_options() -> dict:
-    """The build options of texelfit.images (issue 17): ImageNet normalisation inside the bundle's
-    fromImages, and the weights in NAME.weights.bin beside it."""
-    import inspect
-
-    from texelfit.build import compile_onnx
-
-    params = inspect.signature(compile_onnx).parameters
-    opts = {}
-    if "input_normalize" in params:
-        opts["input_normalize"] = "imagenet"
-    if "weights_file" in params:
-        opts["weights_file"] = True
-    return opts
