@@ -41,16 +41,7 @@ TIMEOUT = 240_000
 @pytest.fixture(scope="module")
 def photos(site):
     start = time.perf_counter()
-    if os.environ.get("DEVPREBUILT"):  # DEV-ONLY
-        import shutil, texelfit.photos_demo as pd
-        from texelfit.codegen.kernels import template_env
-        shutil.copytree(os.environ["DEVPREBUILT"], site.path("photos"))
-        summary = json.load(open(site.path("photos", "demo.json")))
-        ctx = dict(name=NAME, max_classes=pd.MAX_CLASSES, bundle_bytes=summary["bundle_bytes"], weights_bytes=summary["weights_bytes"], tier=summary["quantization"]["tier"])
-        for f, t in pd.PAGE_FILES.items():
-            open(site.path("photos", f), "w").write(template_env().get_template(t).render(ctx))
-    else:
-        summary = build_photos_demo(site.path("photos"), progress=False)
+    summary = build_photos_demo(site.path("photos"), progress=False)
     print(f"built the demo in {time.perf_counter() - start:.1f} s: {summary['quantization']['tier']}")
     summary["onnx"] = site.path("photos", NAME + ".onnx")
     site.headers_for["/photos/"] = {"Content-Security-Policy": CSP}
@@ -180,6 +171,30 @@ def check_trained(result, classes):
     assert result["progress_values"] >= 5 and result["curve_values"] >= 3, result
 
 
+def test_the_build_ships_the_smallest_tier_that_agrees_with_float32(photos):
+    """The tier is the first of int8, fp16 whose measured top-1 agreement reaches the threshold (else
+    float32), and it is what the bundle ships; the weights are in lite0.weights.bin beside lite0.js."""
+    _, summary = photos
+    q = summary["quantization"]
+    assert q["images"] >= 64 and q["threshold"] == 0.99
+    expected = "none"
+    for tier in ("int8", "fp16"):
+        if tier not in q["tiers"]:
+            break
+        m = q["tiers"][tier]
+        reached = m["checked"] == q["images"] and m["agreement"] >= q["threshold"]
+        assert m["stopped"] == (m["checked"] < q["images"]) and (not m["stopped"] or m["disagree"] > 0), m
+        if reached:
+            expected = tier
+            break
+    assert q["tier"] == expected, q
+    report = json.loads(open(os.path.join(os.path.dirname(summary["onnx"]), "report.json")).read())
+    assert report["quantize"]["mode"] == q["tier"]
+    assert report["weights_file"]["name"] == f"{NAME}.weights.bin" and report["weights_file"]["bytes"] == summary["weights_bytes"]
+    assert report["input_normalize"]["mode"] == "imagenet" and sorted(report["trainable"]) == ["_fc.bias", "_fc.weight"]
+    print(f"quantisation: {q}")
+
+
 def test_person_drops_photos_trains_and_takes_the_head_to_pytorch(person, photos, pictures, tmp_path):
     url, summary = photos
     page = person
@@ -274,3 +289,10 @@ def test_person_captures_from_the_webcam_trains_and_predicts_live(person, photos
     assert page.get_attribute("body", "data-prediction") == "me"
     screenshot(page, "photos-demo-webcam.png")
     page.click("#predict-camera")
+
+
+def test_page_opened_from_disk_says_how_to_serve_it(page, photos):
+    page.goto("file://" + os.path.join(os.path.dirname(photos[1]["onnx"]), "index.html"))
+    page.wait_for_selector("body[data-file-protocol=true]", state="attached", timeout=10_000)
+    text = page.inner_text("#caps")
+    assert "served over http" in text and "python3 -m http.server" in text, text
