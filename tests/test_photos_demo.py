@@ -137,7 +137,7 @@ def card(i: int) -> str:
     return f"#classes .class:nth-child({i + 1})"
 
 
-def train(page) -> dict:
+def train(page, pause: bool = False) -> dict:
     page.evaluate("""() => {
         window.frames_ = [];
         const sample = () => {
@@ -147,7 +147,21 @@ def train(page) -> dict:
         };
         requestAnimationFrame(sample);
     }""")
+    if pause:  # a person pressing Pause as soon as the bar moves (checked every frame)
+        page.evaluate("""() => { window.pausedAt_ = null; const f = () => {
+            const v = document.getElementById('progress').value;
+            if (v > 0 && v < 1) { document.getElementById('pause').click(); window.pausedAt_ = v; } else requestAnimationFrame(f);
+        }; requestAnimationFrame(f); }""")
     page.click("#train")
+    if pause:
+        # the model says it is paused and the steps hold; Resume finishes the training
+        page.wait_for_selector("#state:text-matches('^paused')", timeout=TIMEOUT)
+        page.wait_for_timeout(500)
+        held = page.evaluate("document.getElementById('progress').value")
+        page.wait_for_timeout(1500)
+        assert page.evaluate("document.getElementById('progress').value") == held < 1
+        assert page.get_attribute("body", "data-trained") is None and page.inner_text("#pause") == "Resume"
+        page.click("#pause")
     page.wait_for_selector("body[data-trained]", state="attached", timeout=TIMEOUT)
     result = json.loads(page.get_attribute("body", "data-trained"))
     frames = page.evaluate("window.frames_")
@@ -212,7 +226,7 @@ def test_person_drops_photos_trains_and_takes_the_head_to_pytorch(person, photos
     assert page.get_attribute("body", "data-examples") == str(3 * PER_CLASS)
     assert page.locator(f"{card(0)} .thumbs img").count() == PER_CLASS
 
-    result = train(page)
+    result = train(page, pause=True)
     check_trained(result, names)
     print(f"files flow: held-out {result['heldOut']}, loss {result['first']:.3f} -> {result['last']:.3f}, "
           f"fit {result['seconds']:.1f} s")
