@@ -208,15 +208,274 @@ def check_from_images(web, site, bundles, case, kinds, options=None):
     return got
 
 
-@pytest.mark.parametrize("case", sorted(MODES))
+@pytest.mark.parametrize("case", ["rgb_imagenet", "gray_custom"])
 def test_from_images_matches_texelfit_images_every_source_type(web, site, bundles, case):
-    """WebGL2 (float32 targets): every source type, for each normalisation, 1 and 3 channels."""
+    """WebGL2 (float32 targets): every source type, 3 channels and 1 (luminance)."""
     got = check_from_images(web, site, bundles, case, KINDS)
-    assert got["info"]["backend"] == "webgl2"
+    assert got["info"]["backend"] == "webgl2" and got["info"]["image"] == bundles[case][2]
+
+
+@pytest.mark.parametrize("case", ["rgb_unit", "rgb_custom", "gray_unit"])
+def test_from_images_every_normalization(web, site, bundles, case):
+    check_from_images(web, site, bundles, case, ["ImageData", "HTMLCanvasElement"])
 
 
 @pytest.mark.parametrize("case,options", [("rgb_imagenet", {"backend": "cpu"}), ("gray_custom", {"backend": "cpu"}),
                                           ("rgb_unit", {"precision": "rgba8"}), ("gray_unit", {"precision": "rgba8"})],
                          ids=["cpu-rgb", "cpu-gray", "rgba8-rgb", "rgba8-gray"])
 def test_from_images_on_the_cpu_backend_and_the_rgba8_path(web, site, bundles, case, options):
+    """The CPU backend (a 2-D canvas and the filter in JS) and, where float targets are not used, RGBA8 passes."""
     check_from_images(web, site, bundles, case, [k for k in KINDS if k != "HTMLVideoElement"], options)
+
+
+SOURCES_IN_PLACE_OF_X = MAKE_SOURCES + """
+const srcs = [];
+for (const p of pics) srcs.push((await make('HTMLCanvasElement', p))[0]);
+const x = await m.fromImages(srcs);
+const n = srcs.length;
+const fromSources = Array.from(await m.predict(srcs));
+const fromX = Array.from(await m.predict(x, n));
+const same = Array.from(await m.predict(srcs, n));
+const feats = m.info.trunk ? [Array.from(await m.features(srcs)), Array.from(await m.features(x, n))] : null;
+const y = Int32Array.from({ length: n }, (_, i) => i % 3);
+const opt = { batchSize: 2, epochs: 2, shuffle: false, optimizer: { type: 'sgd', lr: 0.05 } };
+const w0 = await m.getWeights();
+const a = await m.fit(srcs, y, opt);
+const wa = arr(await m.getWeights());
+await m.setWeights(w0);
+const b = await m.fit(x, y, opt);
+return { x: Array.from(x), fromSources, fromX, same, feats, lossA: a.loss, lossB: b.loss, wa, wb: arr(await m.getWeights()) };
+"""
+
+
+@pytest.mark.parametrize("backend", ["webgl2", "cpu"])
+def test_predict_fit_features_take_image_sources(web, site, backend):
+    """An array of sources in place of x: the same as fromImages' values (predict's batch may be left
+    out); predict matches PyTorch on texelfit.images' tensor."""
+    from helpers import FWD, run_model
+
+    torch.manual_seed(3)
+    module = rgb_net().eval()
+    res = compile_onnx(export_simplified(module, RGB_SHAPE), name="m", input_shape=RGB_SHAPE, input_normalize="imagenet",
+                       trainable="3.*")
+    url = site.add_files("img_sources_x", res.files) + "/m.js"
+    got = run_model(web, url, SOURCES_IN_PLACE_OF_X, {"pics": pics_arg(site)}, {"backend": backend})
+    assert got["fromSources"] == got["fromX"] == got["same"]
+    ref_x = preprocess(images(), RGB_SHAPE, "imagenet")
+    assert_close("fromImages", got["x"], ref_x, atol=TOL / 0.225, rtol=0)
+    with torch.no_grad():
+        ref = module(torch.from_numpy(np.asarray(got["x"], np.float32).reshape(ref_x.shape))).numpy()
+    assert_close("predict(sources)", got["fromSources"], ref, **FWD)
+    assert got["feats"] is not None and got["feats"][0] == got["feats"][1]
+    assert got["lossA"] == got["lossB"] and got["wa"] == got["wb"]
+
+
+ERRORS = MAKE_SOURCES + """
+const codes = {};
+const grab = async (name, f) => { try { await f(); codes[name] = 'resolved'; } catch (e) { codes[name] = e.code + '|' + e.message; } };
+const bmp = await createImageBitmap(pics[1].data);
+bmp.close();
+const frame = new VideoFrame((await make('HTMLCanvasElement', pics[1]))[0], { timestamp: 0 });
+frame.close();
+const foreign = new Image();
+foreign.src = args.foreign;
+await foreign.decode();
+await grab('not decoded', () => m.fromImages([pics[1].data, new Image()]));
+await grab('video not ready', () => m.fromImages([document.createElement('video')]));
+await grab('zero size', () => m.fromImages([new OffscreenCanvas(0, 3)]));
+await grab('closed bitmap', () => m.fromImages([bmp]));
+await grab('closed frame', () => m.fromImages([frame]));
+await grab('tainted', () => m.fromImages([pics[1].data, foreign]));
+await grab('not a source', () => m.fromImages([{ width: 3, height: 3 }]));
+await grab('not an array', () => m.fromImages(pics[1].data));
+await grab('empty', () => m.fromImages([]));
+await grab('batch mismatch', () => m.predict([pics[1].data], 2));
+return codes;
+"""
+
+
+@pytest.mark.parametrize("backend", ["webgl2", "cpu"])
+def test_from_images_errors_name_the_source(web, site, bundles, backend):
+    from helpers import run_model
+
+    foreign = site.url.replace("127.0.0.1", "localhost") + "/img_pics/pic1.png"  # another origin, no CORS
+    codes = run_model(web, bundles["rgb_unit"][0], ERRORS, {"pics": pics_arg(site), "foreign": foreign}, {"backend": backend})
+    want = {"not decoded": "sources[1] (a HTMLImageElement) (src \"\") is not decoded",
+            "video not ready": "sources[0] (a HTMLVideoElement) has no frame to read yet (readyState 0)",
+            "zero size": "sources[0] (a OffscreenCanvas) has zero size (0 x 3",
+            "closed bitmap": "sources[0] (a ImageBitmap) has zero size (0 x 0",
+            "closed frame": "sources[0] (a VideoFrame) has zero size (0 x 0",
+            "tainted": "sources[1] (a HTMLImageElement) is tainted (cross-origin without CORS)",
+            "not a source": "sources[0] (a Object) is not an image source",
+            "not an array": "fromImages needs a non-empty array of image sources, got a ImageData",
+            "empty": "fromImages needs a non-empty array of image sources, got a plain Array"}
+    for case, text in want.items():
+        assert codes[case].startswith("bad-input|texelfit: " + text), (case, codes[case])
+    assert codes["batch mismatch"].startswith("bad-batch|texelfit: batch is 2 for 1 image sources"), codes["batch mismatch"]
+
+
+def test_a_bundle_without_input_normalize_refuses_image_sources(web, site):
+    from helpers import run_model
+
+    torch.manual_seed(0)
+    res = compile_onnx(export_simplified(rgb_net(), RGB_SHAPE), name="m", input_shape=RGB_SHAPE)
+    url = site.add_files("img_plain", res.files) + "/m.js"
+    got = run_model(web, url, """
+        const c = new OffscreenCanvas(4, 4);
+        const out = [];
+        for (const f of [() => m.fromImages([c]), () => m.predict([c]), () => m.fit([c], new Int32Array([0]))]) {
+          try { await f(); out.push('resolved'); } catch (e) { out.push(e.code + '|' + e.message); }
+        }
+        return [out, m.info.image];
+    """)
+    assert got[1] is None
+    for msg in got[0]:
+        assert msg.startswith("bad-input|texelfit: this bundle has no image input: build it with --input-normalize"), msg
+
+
+# ---- the weights file ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def weight_builds():
+    """The same model built with its weights in m.weights.bin and embedded; and other weights for it."""
+    torch.manual_seed(5)
+    module = rgb_net().eval()
+    onnx_model = export_simplified(module, RGB_SHAPE)
+    file = compile_onnx(onnx_model, name="m", input_shape=RGB_SHAPE, weights_file=True)
+    again = compile_onnx(export_simplified(module, RGB_SHAPE), name="m", input_shape=RGB_SHAPE, weights_file=True)
+    embedded = compile_onnx(onnx_model, name="m", input_shape=RGB_SHAPE)
+    torch.manual_seed(6)
+    other = rgb_net().eval()
+    other_build = compile_onnx(export_simplified(other, RGB_SHAPE), name="m", input_shape=RGB_SHAPE, weights_file=True)
+    return module, file, again, embedded, other, other_build
+
+
+def test_weights_file_is_the_embedded_blob_and_deterministic(weight_builds):
+    _, file, again, embedded, _, _ = weight_builds
+    blob = file.files["m.weights.bin"]
+    assert isinstance(blob, bytes) and blob == again.files["m.weights.bin"] and file.files["m.js"] == again.files["m.js"]
+    import re
+
+    b64 = re.search(r'^const WEIGHTS = "([^"]*)";$', embedded.files["m.js"], re.M).group(1)
+    assert base64.b64decode(b64) == blob
+    assert re.search(r'^const WEIGHTS = "";$', file.files["m.js"], re.M)
+    crc = int.from_bytes(blob[-4:], "little")
+    assert file.report["weights_file"] == {"name": "m.weights.bin", "bytes": len(blob), "crc32": crc}
+    assert f'const WEIGHTS_FILE = {{"name":"m.weights.bin","bytes":{len(blob)},"crc32":{crc}}};' in file.files["m.js"]
+    assert embedded.report["weights_file"] is None and "m.weights.bin" not in embedded.files
+    assert len(file.files["m.js"]) < len(embedded.files["m.js"]) - len(b64) + 200
+
+
+def test_weights_file_default_over_4_mib():
+    from texelfit.build import WEIGHTS_FILE_BYTES
+
+    assert WEIGHTS_FILE_BYTES == 4 * 1024 * 1024
+    big = nn.Sequential(nn.Linear(1100, 1000))  # 4.4 MB of float32
+    res = compile_onnx(export_simplified(big, (1100,)), name="big", input_shape=(1100,), max_batch=2)
+    assert "big.weights.bin" in res.files and len(res.files["big.weights.bin"]) > WEIGHTS_FILE_BYTES
+    small = compile_onnx(export_simplified(big, (1100,)), name="big", input_shape=(1100,), max_batch=2, quantize="int8")
+    assert "big.weights.bin" not in small.files  # int8: 1.1 MB, embedded
+    forced = compile_onnx(export_simplified(big, (1100,)), name="big", input_shape=(1100,), max_batch=2, weights_file=False)
+    assert "big.weights.bin" not in forced.files
+
+
+PREDICT = """
+const x = new Float32Array(args.x);
+const out = Array.from(await m.predict(x, args.n));
+return out;
+"""
+
+CREATE = """async ([url, options]) => {
+    const mod = await import(url);
+    const opts = {};
+    for (const [k, v] of Object.entries(options)) {
+      opts[k] = k === 'weights' && v.startsWith('buffer:') ? await (await fetch(v.slice(7))).arrayBuffer()
+        : k === 'weights' ? new URL(v, location.href) : v;
+    }
+    try {
+      const m = await mod.createModel(opts);
+      const x = new Float32Array(%d).map((_, i) => Math.sin(i * 0.1));
+      const out = Array.from(await m.predict(x, 2));
+      m.dispose();
+      return { out };
+    } catch (e) {
+      return { error: e.code + '|' + e.message };
+    }
+}"""
+
+
+def _create(page, url, options=None):
+    return page.evaluate(CREATE % (2 * int(np.prod(RGB_SHAPE))), [url, options or {}])
+
+
+def _torch_out(module):
+    x = torch.sin(torch.arange(2 * int(np.prod(RGB_SHAPE)), dtype=torch.float32) * 0.1).reshape((2,) + RGB_SHAPE)
+    with torch.no_grad():
+        return module(x).numpy()
+
+
+def test_weights_file_fetched_once_and_weights_from_elsewhere(page, site, weight_builds):
+    """m.js fetches m.weights.bin beside it, its only request; createModel({ weights }) takes an ArrayBuffer or a URL."""
+    from helpers import FWD
+
+    module, file, _, embedded, other, other_build = weight_builds
+    base = site.add_files("wfile", file.files)
+    site.add_files("wfile_other", {"other.bin": other_build.files["m.weights.bin"]})
+    emb = site.add_files("wfile_embedded", embedded.files)
+    errors, requests = [], []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{site.url}/index.html")
+    page.on("request", lambda r: requests.append(r.url))
+    got = _create(page, base + "/m.js")
+    assert "out" in got, got
+    assert requests == [base + "/m.js", base + "/m.weights.bin"], requests
+    assert_close("predict, weights from the file", got["out"], _torch_out(module), **FWD)
+    other_url = f"{site.url}/wfile_other/other.bin"
+    for where, opts in [("file bundle, URL", {"weights": other_url}), ("file bundle, ArrayBuffer", {"weights": "buffer:" + other_url}),
+                        ("embedded bundle, URL", {"weights": other_url})]:
+        requests.clear()
+        got = _create(page, (emb if where.startswith("embedded") else base) + "/m.js", opts)
+        assert "out" in got, (where, got)
+        assert_close(f"predict, {where}", got["out"], _torch_out(other), **FWD)
+        assert f"{base}/m.weights.bin" not in requests, where
+    got = _create(page, emb + "/m.js")
+    assert_close("predict, embedded", got["out"], _torch_out(module), **FWD)
+    bad = page.evaluate("""async (url) => {
+        const mod = await import(url);
+        try { await mod.createModel({ weights: 'm.weights.bin' }); return 'resolved'; } catch (e) { return e.code + '|' + e.message; }
+    }""", base + "/m.js")
+    assert bad.startswith("bad-option|texelfit: createModel options.weights must be an ArrayBuffer or a URL"), bad
+    assert not errors, errors
+
+
+def test_weights_file_missing_or_corrupt(page, site, weight_builds):
+    _, file, _, _, _, other_build = weight_builds
+    blob = file.files["m.weights.bin"]
+    flipped = bytearray(blob)
+    flipped[len(blob) // 2] ^= 0x10
+    site.add_files("wmissing", {"m.js": file.files["m.js"]})
+    site.add_files("wcorrupt", {"m.js": file.files["m.js"], "m.weights.bin": bytes(flipped)})
+    site.add_files("wforeign", {"m.js": file.files["m.js"], "m.weights.bin": other_build.files["m.weights.bin"]})
+    site.add_files("wshort", {"m.js": file.files["m.js"], "m.weights.bin": blob[:-9]})
+    errors = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.goto(f"{site.url}/index.html")
+    missing = _create(page, f"{site.url}/wmissing/m.js")["error"]
+    assert missing.startswith(f"weights-unavailable|texelfit: the weights could not be loaded from {site.url}/wmissing/m.weights.bin "
+                              "(HTTP 404"), missing
+    assert "serve m.weights.bin beside m.js" in missing
+    assert [e for e in errors if "404" not in e] == []  # (Chromium logs the failed load itself)
+    corrupt = _create(page, f"{site.url}/wcorrupt/m.js")["error"]
+    assert corrupt.startswith(f"corrupt-weights|texelfit: the weights in {site.url}/wcorrupt/m.weights.bin are corrupted"), corrupt
+    for folder in ("wforeign", "wshort"):
+        msg = _create(page, f"{site.url}/{folder}/m.js")["error"]
+        assert msg.startswith(f"corrupt-weights|texelfit: the weights in {site.url}/{folder}/m.weights.bin are corrupted"), msg
+        assert f"this bundle was built with {len(blob)} bytes" in msg, msg
+    gone = _create(page, f"{site.url}/wmissing/m.js", {"weights": f"{site.url}/nowhere.bin"})["error"]
+    assert gone.startswith(f"weights-unavailable|texelfit: the weights could not be loaded from {site.url}/nowhere.bin"), gone
+    bad_buffer = page.evaluate("""async (url) => {
+        const mod = await import(url);
+        try { await mod.createModel({ weights: new ArrayBuffer(40) }); return 'resolved'; } catch (e) { return e.code + '|' + e.message; }
+    }""", f"{site.url}/wmissing/m.js")
+    assert bad_buffer.startswith("corrupt-weights|texelfit: the weights in the ArrayBuffer given to createModel are corrupted"), bad_buffer
