@@ -336,7 +336,7 @@ def test_a_bundle_without_input_normalize_refuses_image_sources(web, site):
     got = run_model(web, url, """
         const c = new OffscreenCanvas(4, 4);
         const out = [];
-        for (const f of [() => m.fromImages([c]), () => m.predict([c]), () => m.fit([c], new Int32Array([0]))]) {
+        for (const f of [() => m.fromImages([c]), () => m.predict([c], 1), () => m.fit([c], new Int32Array([0]))]) {
           try { await f(); out.push('resolved'); } catch (e) { out.push(e.code + '|' + e.message); }
         }
         return [out, m.info.image];
