@@ -310,3 +310,36 @@ def test_page_opened_from_disk_says_how_to_serve_it(page, photos):
     page.wait_for_selector("body[data-file-protocol=true]", state="attached", timeout=10_000)
     text = page.inner_text("#caps")
     assert "served over http" in text and "python3 -m http.server" in text, text
+
+
+def test_import_weights_partial_takes_the_rest_from_the_source():
+    """--partial: the tensors FILE lacks come from SOURCE; an unknown or misshapen tensor still fails, and
+    without --partial a missing one fails naming the flag."""
+    from texelfit.importer import apply_weights
+    from texelfit.prep.graph import to_ir
+    from texelfit.prep.load import BuildError, export_simplified
+
+    torch.manual_seed(0)
+    graph = to_ir(export_simplified(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)),
+                                    (4,)), (4,))
+    head = {"2.weight": np.full((2, 3), 0.5, np.float32), "2.bias": np.zeros(2, np.float32)}
+    out = apply_weights(graph, head, "head.json", partial=True)
+    assert np.array_equal(out.params["0.weight"].array, graph.params["0.weight"].array)
+    assert np.array_equal(out.params["2.weight"].canonical(), head["2.weight"])
+    with pytest.raises(BuildError, match="--partial"):
+        apply_weights(graph, head, "head.json")
+    with pytest.raises(BuildError, match="unknown"):
+        apply_weights(graph, {**head, "9.weight": np.zeros(1, np.float32)}, "head.json", partial=True)
+    with pytest.raises(BuildError, match="has 5 values"):
+        apply_weights(graph, {"2.bias": np.zeros(5, np.float32)}, "head.json", partial=True)
+    with pytest.raises(BuildError, match="does not fit"):
+        apply_weights(graph, {}, "head.json", partial=True)
+
+
+def test_demo_cli_builds_the_photos_page_by_default_and_digits_on_request():
+    from texelfit.cli import parser
+    from texelfit.demo import DEFAULT_OUT
+
+    assert parser().parse_args(["demo"]).example == "photos"
+    assert parser().parse_args(["demo", "--example", "digits"]).example == "digits"
+    assert DEFAULT_OUT == {"photos": os.path.join("dist", "demo"), "digits": os.path.join("dist", "demo-digits")}
