@@ -43,9 +43,12 @@ def architecture_fingerprint(graph: Graph) -> str:
 
 
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
-                  default_loss: str, weights: Quantized | None = None, storage: dict[str, int] | None = None) -> dict:
+                  default_loss: str, weights: Quantized | None = None, storage: dict[str, int] | None = None,
+                  image: dict | None = None, weights_file: bool = False) -> dict:
     """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given. `storage`:
-    the shared storage of each texture that shares one (codegen/memory.py); planned here when not given."""
+    the shared storage of each texture that shares one (codegen/memory.py); planned here when not given.
+    `image`: the image input's preprocessing (texelfit.build.image_input), or None. `weights_file`: the
+    blob goes into NAME.weights.bin (the bundle carries its name, length and CRC-32) instead of inline."""
     if storage is None:
         storage = plan_storage(plan, schedule)
     kernels, sched, elementwise = serialize(schedule, list(plan.textures))
@@ -90,7 +93,11 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         # the texture holding it, and its per-sample shape and size; null when there is none
         "trainable": graph.trainable_params(),
         "trunk": _trunk(graph, plan),
+        # fromImages (images.js.j2): {mode, mean, std, channels, height, width}, or null: no image input
+        "image": image,
     }
+    crc = int.from_bytes(weights.blob[-4:], "little")  # the blob's last 4 bytes: CRC-32 of the rest
+    file = {"name": f"{name}.weights.bin", "bytes": len(weights.blob), "crc32": crc} if weights_file else None
     return {
         "name": name,
         "model_json": _js_json(model),
@@ -102,9 +109,11 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "glsl_common_json": _js_json(render_common()),
         "schedule_json": _js_json(sched),
         "model_version": VERSION,
-        "weights_b64": base64.b64encode(weights.blob).decode("ascii"),
-        "weights_note": (f"{weights.mode}, {len(weights.blob)} bytes, "
-                         f"CRC-32 {int.from_bytes(weights.blob[-4:], 'little'):08x}"),
+        "weights_b64": "" if file else base64.b64encode(weights.blob).decode("ascii"),
+        "weights_note": (f"{weights.mode}, {len(weights.blob)} bytes, CRC-32 {crc:08x}"
+                         + (f", in {file['name']} beside this file" if file else "")),
+        "weights_file": file,
+        "weights_file_json": _js_json(file),
         "weights_version": WEIGHTS_VERSION,
         "weights_header": HEADER,
         "weights_entry": ENTRY,
@@ -112,7 +121,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "output_shape": list(graph.output_shape),
         "param_names": [p.name for p in graph.params.values()],
         "kernel_count": len(kernels),
-        "has_trunk": model["trunk"] is not None,  # the runtime's cached-trunk code is rendered only then
+        "has_trunk": model["trunk"] is not None,
+        "has_image": image is not None,  # fromImages' code (images.js.j2) is rendered only then  # the runtime's cached-trunk code is rendered only then
     }
 
 
@@ -147,7 +157,7 @@ def compact_js(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-_DATA_LINE = re.compile(r"const (MODEL|TEXTURES|KERNELS|GLSL_COMMON|SCHEDULE|WEIGHTS) = ")  # JSON and base64
+_DATA_LINE = re.compile(r"const (MODEL|TEXTURES|KERNELS|GLSL_COMMON|SCHEDULE|WEIGHTS|WEIGHTS_FILE) = ")  # JSON and base64
 
 
 def _without_trailing_comment(line: str) -> str:
@@ -197,5 +207,5 @@ def report(name: str, graph: Graph, plan: LayoutPlan, ctx: dict, files: dict[str
         "textures": [t.report() for t in plan.textures.values()],
         "texture_bytes": plan.total_bytes(),
         "kernels": ctx["kernel_count"],
-        "files": {k: len(v.encode()) for k, v in files.items()},
+        "files": {k: len(v if isinstance(v, bytes) else v.encode()) for k, v in files.items()},
     }

@@ -71,9 +71,13 @@ class Site:
         d = self.path(folder)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-        for name, text in files.items():
+        for name, data in files.items():  # text, or bytes (NAME.weights.bin)
+            if isinstance(data, bytes):
+                with open(os.path.join(d, name), "wb") as f:
+                    f.write(data)
+                continue
             with open(os.path.join(d, name), "w", encoding="utf-8") as f:
-                f.write(text)
+                f.write(data)
         return f"{self.url}/{folder}"
 
     def close(self):

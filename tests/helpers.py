@@ -14,11 +14,12 @@ from texelfit.prep.load import export_simplified
 
 
 def build_module(site, folder: str, module: torch.nn.Module, input_shape, *, max_batch=64, loss="cross_entropy",
-                 name="model", trainable="*") -> str:
-    """Export `module` the way `texelfit build` does and serve the bundle; returns the module URL."""
+                 name="model", trainable="*", **options) -> str:
+    """Export `module` the way `texelfit build` does and serve the bundle; returns the module URL.
+    `options`: more of compile_onnx's (weights_file, input_normalize, ...)."""
     onnx_model = export_simplified(module, tuple(input_shape))
     result = compile_onnx(onnx_model, name=name, input_shape=input_shape, max_batch=max_batch, loss=loss,
-                          trainable=trainable)
+                          trainable=trainable, **options)
     url = site.add_files(folder, result.files)
     return f"{url}/{name}.js"
 

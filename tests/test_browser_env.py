@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import torch
 
 from helpers import build_module
@@ -30,9 +31,11 @@ HTML = """<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href
 """
 
 
-def test_strict_csp_and_no_network_requests(page, site):
+@pytest.mark.parametrize("weights_file", [False, True], ids=["embedded", "weights-file"])
+def test_strict_csp_and_no_network_requests(page, site, weights_file):
+    """No request of the bundle's own; with --weights-file exactly one, same origin: model.weights.bin."""
     torch.manual_seed(0)
-    build_module(site, "csp", mlp_45_31_7(), (45,), name="model")
+    build_module(site, "csp", mlp_45_31_7(), (45,), name="model", weights_file=weights_file)
     for name, text in (("index.html", HTML), ("app.js", APP)):
         with open(site.path("csp", name), "w") as f:
             f.write(text)
@@ -51,7 +54,8 @@ def test_strict_csp_and_no_network_requests(page, site):
     assert result == {"violations": [], "losses": 9, "changed": True}
     assert not errors, errors
     base = f"{site.url}/csp/"
-    assert sorted(set(requests)) == sorted({base + "index.html", base + "app.js", base + "model.js"}), requests
+    expected = [base + "index.html", base + "app.js", base + "model.js"] + ([base + "model.weights.bin"] if weights_file else [])
+    assert sorted(requests) == sorted(expected), requests
 
 
 COUNTER = """

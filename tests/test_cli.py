@@ -115,3 +115,26 @@ def test_a_build_over_1_gb_of_textures_warns_and_folded_batch_norm_is_said_once(
                  "--out", str(tmp_path / "small"))
     assert r.returncode == 0, r.stderr
     assert "warning" not in r.stdout, r.stdout
+
+
+def test_build_input_normalize_and_weights_file(sources, tmp_path):
+    """Issue 17: --input-normalize is recorded; --weights-file writes NAME.weights.bin (deterministic), and
+    --embed-weights conflicts with it; a mode that does not fit the input is one clear line."""
+    for out in ("a", "b"):
+        r = texelfit("build", "texelfit.examples:digits_cnn", "--input-normalize", "0.5:0.25", "--weights-file",
+                     "--out", str(tmp_path / out), "--name", "cnn")
+        assert r.returncode == 0, r.stderr
+        assert "texelfit: weights in" in r.stdout and "cnn.weights.bin" in r.stdout
+    files = sorted(os.listdir(tmp_path / "a"))
+    assert files == ["cnn.d.ts", "cnn.js", "cnn.weights.bin", "report.json"]
+    match, mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", files, shallow=False)
+    assert match == files, (mismatch, errors)
+    rep = json.load(open(tmp_path / "a" / "report.json"))
+    assert rep["input_normalize"] == {"mode": "custom", "mean": [0.5], "std": [0.25], "channels": 1, "height": 8, "width": 8}
+    assert rep["weights_file"]["bytes"] == os.path.getsize(tmp_path / "a" / "cnn.weights.bin")
+    r = texelfit("build", "texelfit.examples:digits_cnn", "--weights-file", "--embed-weights", "--out", str(tmp_path / "c"))
+    assert r.returncode != 0 and "not allowed with argument" in r.stderr
+    r = texelfit("build", "texelfit.examples:digits_cnn", "--input-normalize", "imagenet", "--out", str(tmp_path / "c"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and lines[-1] == ("texelfit: error: --input-normalize imagenet is for a 3-channel (RGB) input; "
+                                              "this input has 1 channel(s): give MEAN:STD for it"), r.stderr

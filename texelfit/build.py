@@ -39,6 +39,7 @@ LOSSES = ("cross_entropy", "mse")
 DEFAULT_QUANTIZE = "none"
 DEFAULT_PRUNE = 0.0
 FINETUNE_LR = 1e-3
+WEIGHTS_FILE_BYTES = 4 * 1024 * 1024  # weights over 4 MiB go into NAME.weights.bin by default
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Data:
 class BuildResult:
     graph: Graph
     plan: LayoutPlan
-    files: dict[str, str]  # file name -> text
+    files: dict[str, str | bytes]  # file name -> text (bytes: NAME.weights.bin)
     report: dict
     weights: Quantized | None = None
 
@@ -62,7 +63,11 @@ class BuildResult:
 def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, loss: str = "cross_entropy",
                  quantize: str = DEFAULT_QUANTIZE, prune: float = DEFAULT_PRUNE, round_channels: bool = True,
                  finetune_epochs: int = 0, finetune_data: Data | None = None, finetune_lr: float = FINETUNE_LR,
-                 eval_data: Data | None = None, progress: bool = False, trainable: str = "*") -> BuildResult:
+                 eval_data: Data | None = None, progress: bool = False, trainable: str = "*",
+                 input_normalize: str = "none", weights_file: bool | None = None) -> BuildResult:
+    """`input_normalize`: `--input-normalize` (texelfit/images.py); `weights_file`: ship the weights in
+    NAME.weights.bin beside NAME.js (True), embedded (False), or the former when they exceed
+    WEIGHTS_FILE_BYTES (None, the default)."""
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BuildError(f"--name {name!r} must be letters, digits, '-' and '_' only")
     if not isinstance(max_batch, int) or not 1 <= max_batch <= 4096:
@@ -78,7 +83,10 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
         raise BuildError("--finetune-epochs needs data: give --finetune-data FILE.npz (arrays x and y); "
                          "only the example models know theirs")
 
+    if weights_file not in (None, True, False):
+        raise BuildError(f"weights_file must be True, False or None, got {weights_file!r}")
     imported = to_ir(model, input_shape)
+    image = image_input(imported.input_shape, input_normalize)
     full = fold_batchnorm(imported)
     if not full.params:
         raise BuildError("the model has no trainable weights")
@@ -112,8 +120,13 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     check_layout(plan)
     schedule = build_schedule(graph, plan)
     storage = plan_storage(plan, schedule)
-    ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights, storage)
+    if weights_file is None:
+        weights_file = len(weights.blob) > WEIGHTS_FILE_BYTES
+    ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights, storage, image=image,
+                        weights_file=weights_file)
     files = render_bundle(ctx)
+    if weights_file:
+        files[ctx["weights_file"]["name"]] = weights.blob
     rep = report(name, graph, plan, ctx, files)
     trunk = graph.trunk()
     trunk_bytes = plan.textures[plan.tensor(trunk)].width * plan.textures[plan.tensor(trunk)].sample_rows * 16 if trunk else 0
@@ -122,6 +135,8 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     rep["batchnorm_folded"] = sum(layer.op == "batchnorm" for layer in imported.layers)
     rep["max_batch"] = max_batch
     rep["trunk"] = trunk
+    rep["input_normalize"] = image  # fromImages' preprocessing (texelfit.images.preprocess takes it as is)
+    rep["weights_file"] = ctx["weights_file"]  # {name, bytes, crc32} of NAME.weights.bin, or None: embedded
 
     from texelfit.report import layer_table
 
@@ -132,6 +147,26 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     rep["accuracy"] = acc or None
     files["report.json"] = json.dumps(rep, indent=2, sort_keys=True) + "\n"
     return BuildResult(graph, plan, files, rep, weights)
+
+
+def image_input(shape, mode: str) -> dict | None:
+    """What the bundle records of its image input (MODEL.image, report.json's input_normalize):
+    {mode, mean, std} (one per channel) and (channels, height, width). `none`, the default, records
+    nothing (None): such a bundle has no fromImages code. Any other mode needs a 1- or 3-channel
+    (C, H, W) input."""
+    from texelfit.images import ImageError, check_image_shape, normalization
+
+    if mode == "none":
+        return None
+    try:
+        c, h, w = check_image_shape(shape)
+    except ImageError as e:
+        raise BuildError(f"--input-normalize {mode}: {e}") from None
+    try:
+        norm = normalization(mode, c)
+    except ImageError as e:
+        raise BuildError(str(e)) from None
+    return {**norm, "channels": c, "height": h, "width": w}
 
 
 def resolve_trainable(patterns: str, names: list[str]) -> frozenset[str] | None:
@@ -221,11 +256,13 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
           max_batch: int = 64, loss: str = "cross_entropy", quantize: str = DEFAULT_QUANTIZE,
           prune: float = DEFAULT_PRUNE, round_channels: bool = True, finetune_epochs: int = 0,
           finetune_data: str | None = None, finetune_lr: float = FINETUNE_LR, eval_data: str | None = None,
-          trust_pickle: bool = False, progress: bool = False, trainable: str = "*") -> BuildResult:
+          trust_pickle: bool = False, progress: bool = False, trainable: str = "*", input_normalize: str = "none",
+          weights_file: bool | None = None) -> BuildResult:
     result = compile_source(source, name=name, weights=weights, input_shape=input_shape, max_batch=max_batch,
                             loss=loss, quantize=quantize, prune=prune, round_channels=round_channels,
                             finetune_epochs=finetune_epochs, finetune_data=finetune_data, finetune_lr=finetune_lr,
-                            eval_data=eval_data, trust_pickle=trust_pickle, progress=progress, trainable=trainable)
+                            eval_data=eval_data, trust_pickle=trust_pickle, progress=progress, trainable=trainable,
+                            input_normalize=input_normalize, weights_file=weights_file)
     write_files(out, result.files)
     return result
 
@@ -260,11 +297,16 @@ def compile_source(source: str, *, name: str | None = None, weights: str | None 
                         **options)
 
 
-def write_files(out: str, files: dict[str, str]) -> None:
+def write_files(out: str, files: dict[str, str | bytes]) -> None:
+    """Text files as UTF-8 with \\n line ends; bytes (NAME.weights.bin) as they are."""
     os.makedirs(out, exist_ok=True)
-    for fname, text in files.items():
+    for fname, data in files.items():
+        if isinstance(data, bytes):
+            with open(os.path.join(out, fname), "wb") as f:
+                f.write(data)
+            continue
         with open(os.path.join(out, fname), "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+            f.write(data)
 
 
 def prune_sweep(source: str, ratios, *, weights: str | None = None, input_shape=None, trust_pickle: bool = False,

@@ -118,6 +118,17 @@ def parser() -> argparse.ArgumentParser:
                    help="the parameters that train: comma-separated fnmatch patterns over their names (state_dict "
                         "names), e.g. 'classifier.*,features.18.*'; the others are frozen (no gradient, no optimizer "
                         "state, no passes). Default '*' (all); 'none' builds an inference-only bundle")
+    b.add_argument("--input-normalize", default="none", metavar="MODE",
+                   help="an image input (1 or 3 channels, C,H,W): what m.fromImages(sources) gives the model, recorded in "
+                        "the bundle: imagenet (RGB in [0, 1], then the ImageNet mean/std), unit (RGB in [0, 1]), "
+                        "MEAN1,MEAN2,MEAN3:STD1,STD2,STD3 (on [0, 1] values; MEAN:STD for 1 channel), or none "
+                        "(default: no image input, no fromImages)")
+    w = b.add_mutually_exclusive_group()
+    w.add_argument("--weights-file", dest="weights_file", action="store_true", default=None,
+                   help="ship the weights in NAME.weights.bin beside NAME.js, which fetches it (default when they "
+                        "exceed 4 MiB)")
+    w.add_argument("--embed-weights", dest="weights_file", action="store_false",
+                   help="embed the weights in NAME.js (default up to 4 MiB)")
     _model_options(b)
 
     t = sub.add_parser("train", help="train the default model (a small CNN) on scikit-learn's 8x8 digits")
@@ -143,9 +154,15 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--weights", help="state_dict for a package.module:Attr source")
     i.add_argument("--input-shape", type=_shape, help="per-sample input shape, for PyTorch sources")
     i.add_argument("--trust-pickle", action="store_true")
+    i.add_argument("--partial", action="store_true",
+                   help="FILE may hold only some tensors (e.g. the photo demo's trained head); the others come from SOURCE")
 
-    d = sub.add_parser("demo", help="train, prune and quantise the default CNN, build dist/demo and serve the page")
-    d.add_argument("--out", default="dist/demo")
+    d = sub.add_parser("demo", help="build the demo page and serve it on 127.0.0.1: EfficientNet-Lite0 that you teach "
+                                    "your own pictures (default), or --example digits")
+    d.add_argument("--example", choices=["photos", "digits"], default="photos",
+                   help="photos (default): EfficientNet-Lite0 with a new head that trains on your pictures and webcam; "
+                        "digits: the 8x8-digits CNN, trained, pruned and quantised, fine-tuned on your handwriting")
+    d.add_argument("--out", help="default dist/demo (photos) or dist/demo-digits (digits)")
     d.add_argument("--port", type=int, default=8737)
     d.add_argument("--no-serve", action="store_true", help="only build")
     return p
@@ -173,11 +190,15 @@ def cmd_build(args) -> None:
 
     _untrained_note(args)
     result = build(args.source, args.out, name=args.name, prune=args.prune, trainable=args.trainable,
-                   **_options(args))
+                   input_normalize=args.input_normalize, weights_file=args.weights_file, **_options(args))
     rep = result.report
     print(f"texelfit: built {args.out}/{rep['name']}.js: {rep['parameters']} parameters, "
           f"{len(rep['layers'])} layers, {rep['kernels']} kernels, "
           f"{rep['files'][rep['name'] + '.js']} bytes, {rep['texture_bytes']} bytes of textures")
+    if rep["weights_file"]:
+        wf = rep["weights_file"]
+        print(f"texelfit: weights in {args.out}/{wf['name']} ({wf['bytes']} bytes, CRC-32 {wf['crc32']:08x}): serve it "
+              f"beside {rep['name']}.js")
     print(format_table(rep["table"], rep["accuracy"], args.quantize))
     print(format_role_bytes(rep["texture_bytes_by_role"]))
     if rep["batchnorm_folded"]:
@@ -253,12 +274,12 @@ def main(argv=None) -> int:
         elif args.command == "demo":
             from texelfit.demo import run_demo
 
-            run_demo(args.out, port=args.port, serve_page=not args.no_serve)
+            run_demo(args.out, port=args.port, serve_page=not args.no_serve, example=args.example)
         elif args.command == "import-weights":
             from texelfit.importer import import_weights
 
             graph = import_weights(args.file, args.source, args.out, input_shape=args.input_shape,
-                                   weights=args.weights, trust_pickle=args.trust_pickle)
+                                   weights=args.weights, trust_pickle=args.trust_pickle, partial=args.partial)
             print(f"texelfit: wrote {args.out}: {len(graph.params)} tensors, {graph.parameter_count()} parameters")
     except BuildError as e:
         print(f"texelfit: error: {e}", file=sys.stderr)

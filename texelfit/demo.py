@@ -1,6 +1,9 @@
-"""`texelfit demo`: train the default CNN on the bundled digits, prune and quantise it, build
-dist/demo/ (bundle, .d.ts, report, the built architecture as ONNX, index.html, the digits) and serve
-the page where a person fine-tunes the model on their own handwriting."""
+"""`texelfit demo`: build a demo page and serve it on 127.0.0.1.
+
+The default example (texelfit/photos_demo.py) is EfficientNet-Lite0 with a new head that a person trains
+on their own pictures. `--example digits`: train the default CNN on the bundled digits, prune and quantise
+it, build dist/demo-digits/ (bundle, .d.ts, report, the built architecture as ONNX, index.html, the
+digits) and serve the page where a person fine-tunes the model on their own handwriting."""
 from __future__ import annotations
 
 import functools
@@ -8,6 +11,7 @@ import http.server
 import json
 import os
 import socketserver
+import time
 
 from texelfit.build import Data, compile_onnx, write_files
 from texelfit.codegen.kernels import template_env
@@ -23,7 +27,13 @@ INPUT_SHAPE = (1, 8, 8)
 SHIPPING = dict(prune=0.5, finetune_epochs=5, quantize="int8")
 
 
+EXAMPLES = ("photos", "digits")
+DEFAULT_OUT = {"photos": os.path.join("dist", "demo"), "digits": os.path.join("dist", "demo-digits")}
+
+
 def build_demo(out: str, *, progress: bool = True) -> dict:
+    """The digits demo (`texelfit demo --example digits`)."""
+    start = time.perf_counter()
     module, val_acc = train_default(progress=progress)
     print(f"texelfit: trained the default CNN in PyTorch: validation accuracy {100 * val_acc:.2f}%", flush=True)
     (xt, yt), (xv, yv) = digits_split(INPUT_SHAPE)
@@ -45,7 +55,7 @@ def build_demo(out: str, *, progress: bool = True) -> dict:
         f.write(export_onnx(result.graph).SerializeToString())
     acc = result.report.get("accuracy") or {}
     shipped = acc.get("after_quantize")
-    print(f"texelfit: built {out}/: {NAME}.js {bundle_bytes} bytes, {result.report['parameters']} parameters"
+    print(f"texelfit: built {out}/ in {time.perf_counter() - start:.1f} s: {NAME}.js {bundle_bytes} bytes, {result.report['parameters']} parameters"
           + (f", validation accuracy as shipped {100 * shipped:.2f}%" if shipped is not None else ""), flush=True)
     return result.report
 
@@ -56,12 +66,21 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *args, headers=None, **kwargs):
+        self.extra_headers = headers or {}
+        super().__init__(*args, **kwargs)
+
     def log_message(self, *args):
         pass
 
+    def end_headers(self):
+        for k, v in self.extra_headers.items():
+            self.send_header(k, v)
+        super().end_headers()
 
-def serve(folder: str, port: int) -> None:
-    handler = functools.partial(_QuietHandler, directory=folder)
+
+def serve(folder: str, port: int, headers: dict | None = None) -> None:
+    handler = functools.partial(_QuietHandler, directory=folder, headers=headers)
     try:
         httpd = _Server(("127.0.0.1", port), handler)
     except OSError as e:
@@ -73,7 +92,15 @@ def serve(folder: str, port: int) -> None:
         httpd.serve_forever()
 
 
-def run_demo(out: str, *, port: int, serve_page: bool = True) -> None:
-    build_demo(out)
+def run_demo(out: str | None, *, port: int, serve_page: bool = True, example: str = "photos") -> None:
+    out = out or DEFAULT_OUT[example]
+    headers = None
+    if example == "photos":
+        from texelfit.photos_demo import CSP, build_photos_demo
+
+        build_photos_demo(out)
+        headers = {"Content-Security-Policy": CSP}
+    else:
+        build_demo(out)
     if serve_page:
-        serve(os.path.abspath(out), port)
+        serve(os.path.abspath(out), port, headers)

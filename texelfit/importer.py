@@ -5,6 +5,9 @@ FILE is what the page saved: JSON of `await m.getWeights()` with arrays as lists
 bundle was built from, as for `texelfit build`; for a pruned bundle, the NAME.onnx that the demo
 writes beside it (the architecture as built: pruned, batch-norm folded). The output is a
 state_dict (`.pt`, keyed and shaped as getWeights) or an ONNX model of that architecture (`.onnx`).
+
+With `partial`, FILE may hold only some of the tensors (the photo demo's "Download weights" is the
+trained head alone: the frozen backbone never changes); the others are SOURCE's.
 """
 from __future__ import annotations
 
@@ -30,13 +33,18 @@ def read_weights(path: str) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, dtype=np.float32) for k, v in raw.items()}
 
 
-def apply_weights(graph: Graph, weights: dict[str, np.ndarray], where: str) -> Graph:
+def apply_weights(graph: Graph, weights: dict[str, np.ndarray], where: str, *, partial: bool = False) -> Graph:
     missing = [n for n in graph.params if n not in weights]
     extra = [n for n in weights if n not in graph.params]
-    if missing or extra:
-        raise BuildError(f"{where} does not fit the architecture: missing {missing or 'none'}, unknown {extra or 'none'}")
+    if extra or (missing and not partial) or not weights:
+        hint = " (a file of some tensors only, e.g. a trained head: give --partial)" if missing and not extra else ""
+        raise BuildError(f"{where} does not fit the architecture: missing {missing or 'none'}, unknown "
+                         f"{extra or 'none'}{hint}")
     params = {}
     for name, p in graph.params.items():
+        if name not in weights:
+            params[name] = p
+            continue
         w = weights[name]
         if w.size != p.array.size or not np.isfinite(w).all():
             raise BuildError(f"{where}: {name!r} has {w.size} values (expected {p.array.size}, all finite)")
@@ -45,12 +53,12 @@ def apply_weights(graph: Graph, weights: dict[str, np.ndarray], where: str) -> G
 
 
 def import_weights(file: str, source: str, out: str, *, input_shape=None, weights: str | None = None,
-                   trust_pickle: bool = False) -> Graph:
+                   trust_pickle: bool = False, partial: bool = False) -> Graph:
     if not (out.endswith(".pt") or out.endswith(".onnx")):
         raise BuildError(f"--out {out!r} must end in .pt (a state_dict) or .onnx")
     graph = fold_batchnorm(to_ir(load_onnx(source, weights=weights, input_shape=input_shape,
                                            trust_pickle=trust_pickle), input_shape))
-    graph = apply_weights(graph, read_weights(file), file)
+    graph = apply_weights(graph, read_weights(file), file, partial=partial)
     if out.endswith(".pt"):
         import torch
 

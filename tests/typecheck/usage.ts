@@ -28,6 +28,15 @@ async function main(canvas: HTMLCanvasElement): Promise<number> {
   await m.restore("key");
   const keys: string[] = await m.listCheckpoints();
   const deleted: boolean = await m.deleteCheckpoint(keys[0]);
+  // image sources (a bundle built with --input-normalize), and weights from elsewhere
+  const img = new Image();
+  const pixels: Float32Array = await m.fromImages([img, canvas, new ImageData(4, 4)]);
+  const probs: Float32Array = await m.predict([img, canvas]);
+  await m.fit([img, canvas], new Int32Array([1, 2]), { epochs: 1 });
+  const norm = m.info.image ? m.info.image.mean[0] : 0;
+  const m2 = await createModel({ weights: new URL("model.weights.bin", location.href) });
+  m2.dispose();
+  console.log(pixels.length, probs.length, norm);
   // the page forwards its visibility to a model in a worker the same way: pause() / resume()
   document.addEventListener("visibilitychange", () => (document.hidden ? m.pause() : m.resume()));
   try {

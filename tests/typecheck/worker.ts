@@ -19,5 +19,6 @@ self.onmessage = (e: MessageEvent<{ hidden?: boolean; x?: Float32Array; y?: Int3
   }
 };
 console.log(await m.listCheckpoints(), await m.deleteCheckpoint("old"));
+console.log((await m.fromImages([await createImageBitmap(new ImageData(2, 2)), new OffscreenCanvas(2, 2)])).length);
 
 export {};
