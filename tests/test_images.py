@@ -234,10 +234,12 @@ def test_from_images_every_normalization(web, site, bundles, case):
 
 
 @pytest.mark.parametrize("case,options", [("rgb_imagenet", {"backend": "cpu"}), ("gray_custom", {"backend": "cpu"}),
-                                          ("rgb_unit", {"precision": "rgba8"}), ("gray_custom", {"precision": "rgba8"})],
-                         ids=["cpu-rgb", "cpu-gray", "rgba8-rgb", "rgba8-gray"])
+                                          ("rgb_unit", {"precision": "rgba8"}), ("gray_custom", {"precision": "rgba8"}),
+                                          ("rgb_custom", {"maxTextureSize": 512})],
+                         ids=["cpu-rgb", "cpu-gray", "rgba8-rgb", "rgba8-gray", "webgl2-source-over-texture-limit"])
 def test_from_images_on_the_cpu_backend_and_the_rgba8_path(web, site, bundles, case, options):
-    """The CPU backend (a 2-D canvas and the filter in JS) and, where float targets are not used, RGBA8 passes."""
+    """The CPU backend (a 2-D canvas and the filter in JS), RGBA8 passes where float targets are not used,
+    and on WebGL2 a source larger than the textures (the 640-wide photo under maxTextureSize 512): in JS."""
     check_from_images(web, site, bundles, case, [k for k in KINDS if k != "HTMLVideoElement"], options)
 
 
