@@ -4,7 +4,7 @@ is the input gradient of the conv `C` that maps a tensor of Y's shape to one of 
 weight (W[IC, OCg, KH, KW] is C's [OC, ICg, KH, KW], laid out as a conv weight: layout.py). So it runs
 the conv kernels on C's constants (`_as_conv`):
 
-forward        conv_grad_input    X (C's dZ), W, B   -> Y       rows: batch   (with the bias and activation:
+forward        conv_transpose_forward   X (C's dZ), W, B  -> Y   rows: batch   (conv_grad_input with the bias and activation:
                                                                               transposed_forward)
 backward       activation_grad    DY, Y              -> DZ      rows: batch   (only with a fused activation)
                samples_last       DZ                 -> DZT     rows: full    (dZ with the samples as channels)
@@ -47,7 +47,7 @@ def forward(layer, graph, plan):
     c = _as_conv(layer, graph)
     act = fused_activation(layer.attrs.get("act", "none"), layer.attrs.get("act_attrs", {}))
     has_bias = "bias" in layer.params
-    k = Kernel(_title(layer, graph, "forward"), "conv_grad_input.glsl.j2", ("DZ", "W") + (("B",) if has_bias else ()),
+    k = Kernel(_title(layer, graph, "forward"), "conv_transpose_forward.glsl.j2", ("DZ", "W") + (("B",) if has_bias else ()),
                consts=dict(c, **act, transposed_forward=True, add_bias=has_bias))
     inputs = [plan.tensor(layer.inputs[0]), "param:" + layer.params["weight"]]
     return [Pass(k, inputs + (["param:" + layer.params["bias"]] if has_bias else []), [plan.tensor(layer.outputs[0])],
