@@ -228,7 +228,7 @@ def page_args(fw, part, url, args):
              batch=BATCH, optimizer=ADAM, checkTol=CHECK_REL_L2, slow={"ms": args.slow_s * 1000, "repeats": args.slow_repeats}, refLogits=f"{d}/ref_logits1.bin",
              refFeatures=f"{d}/ref_features8.bin", y=f"{d}/y.bin")
     if fw == "texelfit":
-        return dict(a, bundle=f"{url}/bundles/{part}/lite0.js", x=f"{d}/x_nchw.bin")
+        return dict(a, profileHead=args.profile_head, bundle=f"{url}/bundles/{part}/lite0.js", x=f"{d}/x_nchw.bin")
     if fw.startswith("tfjs"):
         return dict(a, backend=fw.split("-")[1], wasmPath=f"{url}/tfjs-wasm/", layers=f"{d}/tf_layers.json",
                     weights=f"{d}/tf_weights.bin", x=f"{d}/x_nhwc.bin")
@@ -243,6 +243,10 @@ def run_page(browser, url, fw, part, args):
     ctx = browser.new_context()
     page = ctx.new_page()
     page.set_default_timeout(args.page_timeout * 1000)
+    hz = os.sysconf("SC_CLK_TCK")
+    # the CPU ms this process tree (Chromium and SwiftShader's threads in it) has used: the pages read
+    # it around each timed call (effnet_common.js, cpuMs)
+    page.expose_function("benchCpuTicks", lambda: common._my_tree_ticks() * 1000.0 / hz)
     errors = []
     page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
@@ -300,6 +304,8 @@ def summarize(pages):
             cell = table.setdefault(row, {}).setdefault(fw, {"rounds": [], "errors": []})
             if "ms" in v:
                 cell["rounds"].append(v["ms"])
+                if v.get("cpuMs") is not None:
+                    cell.setdefault("cpuRounds", []).append(v["cpuMs"])
             else:
                 cell["errors"].append(v.get("error", "?"))
             for k in ("samples", "detail"):
@@ -308,19 +314,42 @@ def summarize(pages):
     for row in table.values():
         for cell in row.values():
             cell["ms"] = statistics.median(cell["rounds"]) if cell["rounds"] else None
-    ratios = {}
+            cell["cpuMs"] = statistics.median(cell["cpuRounds"]) if cell.get("cpuRounds") else None
+    ratios, cpu_ratios = {}, {}
     for row, cells in table.items():
-        t = cells.get("texelfit", {}).get("ms")
+        t = cells.get("texelfit", {})
         for fw, cell in cells.items():
-            if fw != "texelfit" and t and cell.get("ms"):
-                ratios.setdefault(row, {})[fw] = t / cell["ms"]
-    return table, ratios, checks, notes
+            if fw != "texelfit" and t.get("ms") and cell.get("ms"):
+                ratios.setdefault(row, {})[fw] = t["ms"] / cell["ms"]
+            if fw != "texelfit" and t.get("cpuMs") and cell.get("cpuMs"):
+                cpu_ratios.setdefault(row, {})[fw] = t["cpuMs"] / cell["cpuMs"]
+    return table, ratios, cpu_ratios, checks, notes
 
 
 def fmt(v):
     if v is None:
         return "–"
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def table_lines(t, ratios, fws, key):
+    lines = ["| row | " + " | ".join(fws) + " | " + " | ".join(f"texelfit / {f}" for f in fws[1:]) + " |",
+             "|---" * (2 * len(fws)) + "|"]
+    for row in ROWS:
+        cells = t.get(row, {})
+        ms = []
+        for f in fws:
+            c = cells.get(f)
+            if c is None:
+                ms.append("–")
+            elif c.get(key) is None:
+                ms.append("–" if not c["errors"] else "skipped" if all(e.startswith("skipped") for e in c["errors"])
+                          else "fails")
+            else:
+                ms.append(fmt(c[key]))
+        rs = [f"{ratios[row][f]:.2f}" if f in ratios.get(row, {}) else "–" for f in fws[1:]]
+        lines.append(f"| {ROW_LABELS[row]} | " + " | ".join(ms) + " | " + " | ".join(rs) + " |")
+    return lines
 
 
 def markdown(result):
@@ -331,27 +360,18 @@ def markdown(result):
              f"{result['args']['rounds']} round(s), warm-up {result['args']['warmup']}, "
              f"{result['args']['repeats']} timed repeats. Median ms; ratio = texelfit / other "
              "(below 1: texelfit faster). Only the ratios within this run stand (a shared machine).", "",
-             "| row | " + " | ".join(fws) + " | " + " | ".join(f"texelfit / {f}" for f in fws[1:]) + " |",
-             "|---" * (2 * len(fws)) + "|"]
-    for row in ROWS:
-        cells = t.get(row, {})
-        ms = []
-        for f in fws:
-            c = cells.get(f)
-            if c is None:
-                ms.append("–")
-            elif c["ms"] is None:
-                ms.append("–" if not c["errors"] else "skipped" if all(e.startswith("skipped") for e in c["errors"])
-                          else "fails")
-            else:
-                ms.append(fmt(c["ms"]))
-        rs = [f"{ratios[row][f]:.2f}" if f in ratios.get(row, {}) else "–" for f in fws[1:]]
-        lines.append(f"| {ROW_LABELS[row]} | " + " | ".join(ms) + " | " + " | ".join(rs) + " |")
+             "Wall-clock ms:", ""] + table_lines(t, ratios, fws, "ms") + [
+             "", "CPU ms used by the browser's processes during the same calls (SwiftShader included; other "
+             "processes' load barely changes it, so these ratios are the steadier ones on a shared machine; "
+             "for a WebGL page it is the GPU's work, for a WASM one the work of one thread):", ""] + \
+        table_lines(t, result["cpuRatios"], fws, "cpuMs")
     lines += ["", "Target: texelfit at least 2x faster than TF.js WebGL on every row (ratio <= 0.5):", ""]
     for row in ROWS:
         r = ratios.get(row, {}).get("tfjs-webgl")
+        cr = result["cpuRatios"].get(row, {}).get("tfjs-webgl")
         lines.append(f"- {ROW_LABELS[row]}: " + ("no number" if r is None else
-                                                 f"{r:.2f} ({'met' if r <= 0.5 else 'missed'})"))
+                                                 f"{r:.2f} wall-clock ({'met' if r <= 0.5 else 'missed'})")
+                     + ("" if cr is None else f", {cr:.2f} in CPU time ({'met' if cr <= 0.5 else 'missed'})"))
     lines += ["", "Output checks before timing (against PyTorch, relative L2 / max abs):", ""]
     for fw, cs in result["checks"].items():
         for name, c in cs.items():
@@ -382,6 +402,8 @@ def main(argv=None):
     ap.add_argument("--slow-repeats", type=int, default=1)
     ap.add_argument("--head-epochs", type=int, default=6, help="epochs of 4 steps in the timed head fit")
     ap.add_argument("--webgpu-features", action="store_true", help="also time ORT WebGPU's features row (minutes)")
+    ap.add_argument("--profile-head", action="store_true",
+                    help="after the timed rows, profile texelfit's head steps per kernel (diagnostic)")
     ap.add_argument("--frameworks", nargs="+", default=FRAMEWORKS, choices=FRAMEWORKS)
     ap.add_argument("--page-timeout", type=int, default=600, help="seconds a page may take")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
@@ -400,11 +422,11 @@ def main(argv=None):
                 pages += got
         finally:
             httpd.shutdown()
-    table, ratios, checks, notes = summarize(pages)
+    table, ratios, cpu_ratios, checks, notes = summarize(pages)
     result = {"meta": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                        "chromium": version, "cpu": f"{platform.processor() or platform.machine()}, "
                        f"{os.cpu_count()} cores", "git": common.git_state(None), "torch": torch.__version__},
-              "args": vars(args), "prep": info, "table": table, "ratios": ratios, "checks": checks, "notes": notes,
+              "args": vars(args), "prep": info, "table": table, "ratios": ratios, "cpuRatios": cpu_ratios, "checks": checks, "notes": notes,
               "pages": pages}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "efficientnet.json"), "w") as f:

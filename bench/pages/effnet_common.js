@@ -30,12 +30,24 @@ export async function timed(warmup, repeats, fn, slow = null) {
   if (slow && firstMs > slow.ms) repeats = Math.min(repeats, slow.repeats);
   for (let i = 1; i < warmup; i++) await fn();
   const samples = [];
+  const cpu = [];
   for (let i = 0; i < repeats; i++) {
+    const c0 = await cpuMs();
     const t0 = performance.now();
     await fn();
     samples.push(performance.now() - t0);
+    const c1 = await cpuMs();
+    if (c0 !== null) cpu.push(c1 - c0);
   }
-  return { ms: median(samples), samples, detail: { firstMs } };
+  return { ms: median(samples), samples, cpuMs: cpu.length ? median(cpu) : null, cpuSamples: cpu, detail: { firstMs } };
+}
+
+// CPU time (ms) the browser's processes (Chromium, SwiftShader's threads in its GPU process) have
+// used so far, from /proc through efficientnet.py (exposed as window.benchCpuTicks); null without
+// it. Other processes' load barely changes it, where it stretches wall-clock times.
+export async function cpuMs() {
+  if (!window.benchCpuTicks) return null;
+  return await window.benchCpuTicks();
 }
 
 // Runs each row in turn; a row that throws records its error, and the rest still run.

@@ -2,7 +2,7 @@
 // (NHWC; batch-norm folded into the conv before it, as texelfit folds it; ReLU6; padding 'same',
 // which is the PyTorch model's static padding, checked in efficientnet.py), with the same weights.
 import { loadF32, loadI32 } from './common.js';
-import { PER_IMAGE, compare, timed, rowsOf, failedChecks } from './effnet_common.js';
+import { PER_IMAGE, compare, timed, rowsOf, failedChecks, cpuMs } from './effnet_common.js';
 
 const tf = window.tf;
 
@@ -131,15 +131,18 @@ async function run(a) {
       const timedSteps = perEpoch * (a.headEpochs - 1); // as many steps as texelfit's timed part
       (await one().data()); // warm-up: compiles
       for (let i = 1; i < perEpoch; i++) one().dispose();
+      const c = await cpuMs();
       const t = performance.now();
       let last = null;
       for (let i = 0; i < timedSteps; i++) { if (last) last.dispose(); last = one(); }
       await last.data();
       const ms = (performance.now() - t) / timedSteps;
+      const c1 = await cpuMs();
+      const cpu = c === null ? null : (c1 - c) / timedSteps;
       last.dispose();
       feats.dispose();
       ys.dispose();
-      return { ms, samples: [ms], detail: { timedSteps } };
+      return { ms, samples: [ms], cpuMs: cpu, cpuSamples: cpu === null ? [] : [cpu], detail: { timedSteps } };
     }],
     ['finetune_step_b8', async () => {
       const opt = adam(a.optimizer);
