@@ -1,0 +1,69 @@
+// Shared by the EfficientNet-Lite0 pages (bench/efficientnet.py): the output check against
+// PyTorch and the timing of repeated calls.
+import { median } from './common.js';
+
+export const PER_IMAGE = 3 * 224 * 224;
+
+// relative L2 and max abs difference of `got` against `ref`; ok when relL2 <= tol
+export function compare(got, ref, tol) {
+  if (got.length !== ref.length) return { ok: false, error: `length ${got.length}, expected ${ref.length}` };
+  let d2 = 0;
+  let r2 = 0;
+  let maxAbs = 0;
+  for (let i = 0; i < ref.length; i++) {
+    const d = got[i] - ref[i];
+    d2 += d * d;
+    r2 += ref[i] * ref[i];
+    maxAbs = Math.max(maxAbs, Math.abs(d));
+  }
+  const relL2 = Math.sqrt(d2 / r2);
+  return { ok: relL2 <= tol, relL2, maxAbs, tol };
+}
+
+// `warmup` untimed calls, then `repeats` timed ones (each awaited: every call ends with a readback);
+// the row's number is the median. A row whose first call took over `slow.ms` gets `slow.repeats`
+// timed calls instead (TF.js WebGL's fine-tune step takes minutes on SwiftShader).
+export async function timed(warmup, repeats, fn, slow = null) {
+  const first = performance.now();
+  await fn();
+  const firstMs = performance.now() - first;
+  if (slow && firstMs > slow.ms) repeats = Math.min(repeats, slow.repeats);
+  for (let i = 1; i < warmup; i++) await fn();
+  const samples = [];
+  const cpu = [];
+  for (let i = 0; i < repeats; i++) {
+    const c0 = await cpuMs();
+    const t0 = performance.now();
+    await fn();
+    samples.push(performance.now() - t0);
+    const c1 = await cpuMs();
+    if (c0 !== null) cpu.push(c1 - c0);
+  }
+  return { ms: median(samples), samples, cpuMs: cpu.length ? median(cpu) : null, cpuSamples: cpu, detail: { firstMs } };
+}
+
+// CPU time (ms) the browser's processes (Chromium, SwiftShader's threads in its GPU process) have
+// used so far, from /proc through efficientnet.py (exposed as window.benchCpuTicks); null without
+// it. Other processes' load barely changes it, where it stretches wall-clock times.
+export async function cpuMs() {
+  if (!window.benchCpuTicks) return null;
+  return await window.benchCpuTicks();
+}
+
+// Runs each row in turn; a row that throws records its error, and the rest still run.
+export async function rowsOf(list) {
+  const rows = {};
+  for (const [name, fn] of list) {
+    try {
+      rows[name] = await fn();
+    } catch (e) {
+      rows[name] = { error: `${e?.name ?? 'Error'}: ${e?.message ?? e}`.slice(0, 400) };
+    }
+  }
+  return rows;
+}
+
+export function failedChecks(checks) {
+  const bad = Object.entries(checks).filter(([, c]) => !c.ok);
+  return bad.length ? `output differs from PyTorch: ${bad.map(([k, c]) => `${k} relL2 ${c.relL2 ?? c.error}`).join(', ')}` : null;
+}
