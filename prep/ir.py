@@ -2,13 +2,20 @@
 
 Everything after `prep.graph` reads only this, never ONNX protos. Shapes are
 per-sample (batch is the only dynamic dimension, bounded by `max_batch`):
-(F,) for dense data, (C, H, W) for images.
+(F,) for dense data, (C, H, W) for images, (R, F) for tokens (rows by features: a sequence
+(T, F), or attention's (heads * T, d), the leading axes merged by prep.graph).
 
 Ops, grouped:
 
   parametric   dense        y = act(x @ W.T + b)               weight [O, I] (or [I, O], `transposed`), bias [O]
                conv         y = act(conv2d(x, W) + b)          weight [OC, IC/groups, KH, KW], bias [OC]
                             attrs: kernel, strides, pads (top, left, bottom, right), dilations, groups
+               matmul       y = x @ B (+ b), token-wise: x (R, I) -> (R, O); weight B [I, O] (or [O, I]:
+                            `transposed` False, as a Linear's), bias [O]
+                            or of two activations, batched: a (G*M, K) @ b (G*K, P) -> (G*M, P), each of
+                            the G = attrs["groups"] blocks of rows a matrix (attention's Q K^T and A V)
+               layernorm    y = (x - mean) / sqrt(var + eps) * w + b over the last (packed) axis;
+                            weight [F], bias [F]; attrs: eps
   folded away  batchnorm    inference form; `prep.fold` folds it into the conv/dense before it
   elementwise  every op of prep/elementwise.py: unary (relu, clip, hardswish, exp, ...: ACTIVATIONS) and
                binary (add, sub, mul, div, prelu: BINARY) with ONNX broadcasting; attrs: the op's
@@ -50,7 +57,7 @@ ELEMENTWISE = ACTIVATIONS + tuple(BINARY)
 POOLS = ("maxpool", "avgpool", "global_avgpool")
 REDUCE = ("reduce",)
 SOFTMAX = ("softmax", "log_softmax")
-OPS = ("dense", "conv", "batchnorm", "flatten", "gather", "concat") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
+OPS = ("dense", "conv", "matmul", "layernorm", "batchnorm", "flatten", "gather", "concat") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
 
 
 @dataclass
