@@ -125,8 +125,11 @@ class Graph:
         return int(sum(p.array.size for p in self.params.values()))
 
     def macs(self, layer: Layer) -> int:
-        """Multiply-adds of one sample through a dense or conv layer (each weight once per output
-        position); 0 for the layers without a weight."""
+        """Multiply-adds of one sample through a dense, conv or matmul layer (each weight once per output
+        position); 0 for the other layers."""
+        if layer.op == "matmul":
+            r, k = self.shapes[layer.inputs[0]]
+            return int(r * k * self.shapes[layer.outputs[0]][1])
         if layer.op not in ("dense", "conv"):
             return 0
         out = self.shapes[layer.outputs[0]]

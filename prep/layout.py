@@ -118,6 +118,13 @@ def storage_ops(shape: tuple[int, ...]) -> list:
     return [("reshape", tuple(shape))]
 
 
+def to_storage_ops(shape: tuple[int, ...]) -> list:
+    """The view ops taking a tensor's logical per-sample shape to its stored dims (storage_ops undone)."""
+    if len(shape) == 2:
+        return [("permute", (1, 0)), ("reshape", chw(shape))]
+    return [("reshape", chw(shape))]
+
+
 def gather_part_views(layer, graph: Graph, part: dict, *, backward: bool = False):
     """The views (prep/shape.py) of one part of a gather layer, over the texels' (c, h, w): forward,
     from the output's to the part's source's (an input's stored dims, or a constant's own shape);
@@ -131,8 +138,8 @@ def gather_part_views(layer, graph: Graph, part: dict, *, backward: bool = False
         src = graph.shapes[layer.inputs[part["input"]]]
         src_storage, to_logical = chw(src), storage_ops(src)
     if backward:
-        return part_views(chw(out), storage_ops(out), inverse_ops(src, part["ops"]), [("reshape", chw(src))])
-    return part_views(src_storage, to_logical, part["ops"], [("reshape", chw(out))])
+        return part_views(chw(out), storage_ops(out), inverse_ops(src, part["ops"]), to_storage_ops(src))
+    return part_views(src_storage, to_logical, part["ops"], to_storage_ops(out))
 
 
 def gather_is_view(layer, graph: Graph) -> bool:
@@ -165,7 +172,11 @@ def storage_strides(shape: tuple[int, ...]) -> list[int]:
 
 
 def activation_packing(shape: tuple[int, ...], batch: int) -> Packing:
-    """NCHW with `batch` samples (shapes other than CHW as flat data, see chw)."""
+    """NCHW with `batch` samples (shapes other than CHW as flat data, see chw); tokens (R, F) from their
+    row-major [N, R, F]."""
+    if len(shape) == 2:
+        r, f = (int(d) for d in shape)
+        return Packing(batch * r, r, 1, f, r * f, f, 0, 1)
     c, h, w = chw(shape)
     return Packing(batch * h, h, w, c, c * h * w, w, 1, h * w)
 

@@ -1,0 +1,128 @@
+"""Sequence models (issue 19): nn.TransformerEncoderLayer (batch_first, as a new user writes it) on float
+token inputs [N, T, F], mean-pooled over the tokens into a Linear head; forward, the gradient of every
+parameter, and optimizer trajectories against PyTorch, on WebGL2 (float32), in the rgba8 tier and on the
+CPU backend, at the README's tolerances (helpers.py: FWD, GRAD, TRAJ_LOSS, TRAJ_W).
+
+What it exercises: the batch axis the export moves and merges (prep/batch_axis.py), tokens (R, F) laid out
+with the features packed, matmul with a weight (the in-projection, out-projection and feed-forward
+Linears, their state_dict names kept) and of two activations (Q K^T, A V), softmax over the last axis,
+LayerNorm, and the head split [N, T, F] -> [N, h, T, d] and back as gathers.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import TRAJ_LOSS, TRAJ_W, check_op, check_training
+from texelfit.build import compile_onnx
+from texelfit.prep.graph import to_ir
+from texelfit.prep.load import export_simplified
+from texelfit.prep.torch_ir import IRModule
+
+BACKENDS = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"}}
+SHAPE = (7, 16)  # T = 7 tokens (odd: a partial block of rows), F = 16 features
+
+
+class EncoderClassifier(nn.Module):
+    """One encoder layer, the mean over the tokens, a Linear head. Every parameter is perturbed so that
+    none is the zeros or ones of its default init (onnxsim would fold away an add of zeros)."""
+
+    def __init__(self, d_model=16, nhead=2, ff=32, classes=5):
+        super().__init__()
+        self.enc = nn.TransformerEncoderLayer(d_model=d_model, nhead=nhead, dim_feedforward=ff, dropout=0.0,
+                                              batch_first=True)
+        self.head = nn.Linear(d_model, classes)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+
+    def forward(self, x):
+        return self.head(self.enc(x).mean(1))
+
+
+def encoder():
+    return EncoderClassifier()
+
+
+def encoder_4_heads():
+    return EncoderClassifier(d_model=32, nhead=4, ff=64, classes=3)
+
+
+def test_the_ir_computes_what_the_module_does():
+    """The import alone (prep.graph): the IR run in PyTorch (prep/torch_ir.py) is the module."""
+    torch.manual_seed(0)
+    for factory in (encoder, encoder_4_heads):
+        m = factory().eval()
+        shape = SHAPE if factory is encoder else (6, 32)
+        g = to_ir(export_simplified(m, shape), shape)
+        x = torch.randn(3, *shape)
+        assert torch.allclose(IRModule(g)(x), m(x), atol=1e-5)
+        ops = {layer.op for layer in g.layers}
+        assert {"matmul", "layernorm", "softmax", "gather"} <= ops, ops
+        # the Linears keep their state_dict names
+        assert {"enc.self_attn.in_proj_weight", "enc.linear1.weight", "enc.norm1.weight"} <= set(g.params)
+
+
+def test_a_transformer_layer_builds_with_its_kernels():
+    torch.manual_seed(0)
+    js = compile_onnx(export_simplified(encoder(), SHAPE), name="m", input_shape=SHAPE, max_batch=8).files["m.js"]
+    for k in ("matmul_forward", "matmul_grad_b", "layernorm_grad_input", "softmax_grad"):
+        assert f"// texelfit kernel: {k}" in js, k
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_transformer_layer_forward_and_gradients(web, site, backend):
+    check_op(web, site, "transformer_layer", encoder, SHAPE, "cross_entropy", batch=5, seed=1,
+             options=BACKENDS[backend])
+
+
+def test_transformer_layer_4_heads_forward_and_gradients(web, site):
+    check_op(web, site, "transformer_layer_4h", encoder_4_heads, (6, 32), "mse", batch=3, seed=2)
+
+
+class FeedForwardBlock(nn.Module):
+    """A pre-norm feed-forward block on tokens (LayerNorm, Linear, GELU-free ReLU, Linear, residual), mean-pooled
+    into a Linear head: the token ops without attention, so without a parameter of zero gradient."""
+
+    def __init__(self, d=16, ff=24, classes=5):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, ff), nn.ReLU(), nn.Linear(ff, d))
+        self.head = nn.Linear(d, classes)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+
+    def forward(self, x):
+        return self.head((x + self.ff(self.norm(x))).mean(1))
+
+
+def feed_forward():
+    return FeedForwardBlock()
+
+
+@pytest.mark.parametrize("backend,opt", [("webgl", "sgd_momentum_wd"), ("cpu", "sgd_nesterov"),
+                                         ("rgba8", "sgd_dampening")])
+def test_transformer_layer_trains_like_pytorch(web, site, backend, opt):
+    """SGD: the key projection's bias has a gradient of exactly zero (it adds one constant to each row of
+    scores, which the softmax cancels), so both sides compute rounding noise there, and Adam would scale
+    that noise up to steps of lr (torch's own float32 noise is above Adam's eps): Adam runs on the
+    feed-forward block below."""
+    check_training(web, site, _named(encoder, f"encoder_{backend}"), SHAPE, opt, "cross_entropy", samples=11,
+                   batch_size=4, epochs=1, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=3, options=BACKENDS[backend],
+                   max_batch=8)
+
+
+@pytest.mark.parametrize("backend,opt", [("webgl", "adam"), ("cpu", "adamw"), ("rgba8", "adam")])
+def test_token_feed_forward_block_trains_like_pytorch_with_adam(web, site, backend, opt):
+    check_training(web, site, _named(feed_forward, f"ff_{backend}"), SHAPE, opt, "cross_entropy", samples=11,
+                   batch_size=4, epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=4, options=BACKENDS[backend],
+                   max_batch=8)
+
+
+def _named(factory, name):
+    def make():
+        return factory()
+    make.__name__ = name
+    return make
