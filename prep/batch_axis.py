@@ -38,6 +38,7 @@ class Lazy:
     ops: list
     fine: tuple[int, ...]
     groups: list[list]
+    origin: str = ""  # where the batch axis first moved (an ONNX node), for errors
 
     def sizes(self) -> list:
         """The ONNX shape, with "N" for a group holding the batch (times its other factors)."""
@@ -219,7 +220,8 @@ def canonical_form(where, v: Lazy, what: str):
     first = [f for f in v.groups[0] if f == N or v.fine[f] != 1]
     if first != [N] or any(N in g for g in v.groups[1:]):
         raise BuildError(f"{where}: {what} of a tensor whose batch axis is not the first (ONNX shape "
-                         f"{v.sizes()})")
+                         f"{v.sizes()}): {v.origin or 'an op'} moved the batch axis, and only sequence ops "
+                         "(MatMul, LayerNormalization, Softmax) and shape ops read it so")
     order = [f for g in v.groups[1:] for f in g] + [f for f in v.groups[0] if f != N]
     shape = tuple(int(np.prod([v.fine[f] for f in g])) for g in v.groups[1:]) or (1,)
     return _chain(v, order, shape), shape

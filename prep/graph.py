@@ -331,6 +331,7 @@ def to_ir(model, input_shape=None) -> Graph:
             continue
         if op in ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Gather") and (
                 v := moves_batch(node, op, a, ins)) is not None:
+            v.origin = getattr(lazy.get(alias.get(ins[0], ins[0])), "origin", "") or _where(node)
             set_lazy(out, v)
             continue
         if op in SHAPE_ONLY:
