@@ -437,7 +437,7 @@ def to_ir(model, input_shape=None) -> Graph:
                     else:
                         alias[out] = xo
                     continue
-            x = act(next(i for i in ins if i not in consts))
+            x = xo if xo in lazy else act(xo)
             prod = next((l for l in layers if x in l.outputs), None)
             bias = consts[c]
             if (prod is not None and prod.op == "dense" and "bias" not in prod.params
@@ -453,6 +453,27 @@ def to_ir(model, input_shape=None) -> Graph:
             layers.remove(sig)
             layers.append(Layer("silu", node.name, list(sig.inputs), [out]))
             shapes[out] = shapes[sig.inputs[0]]
+            continue
+        if op in BY_ONNX and BY_ONNX[op].arity == 2 and len(ins) == 2 and sum(alias.get(i, i) in lazy for i in ins) == 1 \
+                and any(i in consts and np.size(consts[i]) > 1 for i in ins):
+            # a constant of several values (an attention mask added to the scores) on a lazy view: on its rows
+            # form, the constant spread over those rows
+            k = next(j for j, i in enumerate(ins) if alias.get(i, i) in lazy)
+            v, cst = lazy[alias.get(ins[k], ins[k])], np.asarray(consts[ins[1 - k]], dtype=np.float32)
+            nb = [j for j, grp in enumerate(v.groups) if ba.N in grp]
+            if v.groups[nb[0]] != [ba.N] or cst.ndim > v.rank() or (cst.ndim == v.rank() and cst.shape[nb[0]] != 1):
+                raise BuildError(f"{_where(node)}: {op} of a constant of shape {list(cst.shape)} and a tensor of "
+                                 f"ONNX shape {v.sizes()}: not supported")
+            full = [1 if j == nb[0] else d for j, d in enumerate(v.sizes())]
+            x = materialise(ins[k], "rows", op, _where(node))[0]
+            spread = np.broadcast_to(cst, full).reshape(shapes[x])
+            name = f"{node.name}:const"
+            consts[name] = np.maximum(np.minimum(spread, 3.4028234663852886e38), -3.4028234663852886e38)
+            t = f"{out}:rows"
+            operand_ins = [x, name] if k == 0 else [name, x]
+            layers.append(_elementwise(node, t, a, operand_ins, consts, shapes, act, param, initializer_names,
+                                       trainable_names))
+            set_lazy(out, ba.after_rows_op(t, v, shapes[x][1]))
             continue
         if op in BY_ONNX and any(alias.get(i, i) in lazy for i in ins) and all(
                 alias.get(i, i) in lazy or (i in consts and np.size(consts[i]) == 1) for i in ins[:2]) and \

@@ -41,8 +41,23 @@ class EncoderClassifier(nn.Module):
         return self.head(self.enc(x).mean(1))
 
 
+class CausalEncoderClassifier(EncoderClassifier):
+    """The same with a causal attention mask (a constant [T, T] of 0 and -inf added to the scores)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(SHAPE[0]))
+
+    def forward(self, x):
+        return self.head(self.enc(x, src_mask=self.mask).mean(1))
+
+
 def encoder():
     return EncoderClassifier()
+
+
+def causal_encoder():
+    return CausalEncoderClassifier()
 
 
 def encoder_4_heads():
@@ -52,9 +67,9 @@ def encoder_4_heads():
 def test_the_ir_computes_what_the_module_does():
     """The import alone (prep.graph): the IR run in PyTorch (prep/torch_ir.py) is the module."""
     torch.manual_seed(0)
-    for factory in (encoder, encoder_4_heads):
+    for factory in (encoder, causal_encoder, encoder_4_heads):
         m = factory().eval()
-        shape = SHAPE if factory is encoder else (6, 32)
+        shape = (6, 32) if factory is encoder_4_heads else SHAPE
         g = to_ir(export_simplified(m, shape), shape)
         x = torch.randn(3, *shape)
         assert torch.allclose(IRModule(g)(x), m(x), atol=1e-5)
@@ -74,6 +89,12 @@ def test_a_transformer_layer_builds_with_its_kernels():
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_transformer_layer_forward_and_gradients(web, site, backend):
     check_op(web, site, "transformer_layer", encoder, SHAPE, "cross_entropy", batch=5, seed=1,
+             options=BACKENDS[backend])
+
+
+@pytest.mark.parametrize("backend", ["cpu", "webgl"])
+def test_transformer_layer_with_a_causal_mask_forward_and_gradients(web, site, backend):
+    check_op(web, site, "transformer_layer_causal", causal_encoder, SHAPE, "cross_entropy", batch=4, seed=5,
              options=BACKENDS[backend])
 
 
