@@ -466,14 +466,28 @@ def to_ir(model, input_shape=None) -> Graph:
                                  f"ONNX shape {v.sizes()}: not supported")
             full = [1 if j == nb[0] else d for j, d in enumerate(v.sizes())]
             x = materialise(ins[k], "rows", op, _where(node))[0]
-            spread = np.broadcast_to(cst, full).reshape(shapes[x])
-            name = f"{node.name}:const"
-            consts[name] = np.maximum(np.minimum(spread, 3.4028234663852886e38), -3.4028234663852886e38)
+            name = ins[1 - k]
+            if not all(d == 1 for d in cst.shape[:-1]):  # not per feature alone: spread over the rows
+                if name in initializer_names and name in trainable_names:
+                    raise BuildError(f"{_where(node)}: a parameter of shape {list(cst.shape)} on tokens: only one "
+                                     "per feature (the last axis) is supported")
+                spread = np.broadcast_to(cst, full).reshape(shapes[x])
+                name = f"{node.name}:const"
+                consts[name] = np.maximum(np.minimum(spread, 3.4028234663852886e38), -3.4028234663852886e38)
             t = f"{out}:rows"
             operand_ins = [x, name] if k == 0 else [name, x]
             layers.append(_elementwise(node, t, a, operand_ins, consts, shapes, act, param, initializer_names,
                                        trainable_names))
             set_lazy(out, ba.after_rows_op(t, v, shapes[x][1]))
+            continue
+        if op in BY_ONNX and len(ins) == 2 and all(alias.get(i, i) in lazy for i in ins) and (
+                va := lazy[alias.get(ins[0], ins[0])]).ops == (vb := lazy[alias.get(ins[1], ins[1])]).ops and \
+                va.fine == vb.fine and va.groups == vb.groups and shapes[va.src] == shapes[vb.src]:
+            # two activations seen through the same view (GELU's x * (erf(x / sqrt 2) + 1)): on their sources
+            t = f"{out}:src"
+            layers.append(_elementwise(node, t, a, [va.src, vb.src], consts, shapes, act, param,
+                                       initializer_names, trainable_names))
+            set_lazy(out, ba.Lazy(t, list(va.ops), va.fine, [list(grp) for grp in va.groups], va.origin))
             continue
         if op in BY_ONNX and any(alias.get(i, i) in lazy for i in ins) and all(
                 alias.get(i, i) in lazy or (i in consts and np.size(consts[i]) == 1) for i in ins[:2]) and \

@@ -123,6 +123,57 @@ def feed_forward():
     return FeedForwardBlock()
 
 
+class ConvNeXtBlock(nn.Module):
+    """A ConvNeXt block: depthwise 7x7 conv, a permute to channels-last, LayerNorm, Linear 4x, GELU (erf), Linear,
+    a layer scale, a permute back, the residual; then a global mean and a head."""
+
+    def __init__(self, c=8, classes=5):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.pw1, self.act, self.pw2 = nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(0.5 * torch.ones(c))
+        self.head = nn.Linear(c, classes)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.gamma * self.pw2(self.act(self.pw1(self.norm(y))))
+        return self.head((x + y.permute(0, 3, 1, 2)).mean((2, 3)))
+
+
+def convnext_block():
+    return ConvNeXtBlock()
+
+
+IMG = (8, 6, 5)
+
+
+def test_convnext_block_imports_as_token_ops_between_two_gathers():
+    torch.manual_seed(0)
+    m = convnext_block().eval()
+    g = to_ir(export_simplified(m, IMG), IMG)
+    x = torch.randn(3, *IMG)
+    assert torch.allclose(IRModule(g)(x), m(x), atol=1e-5)
+    assert [layer.op for layer in g.layers].count("gather") == 2  # to channels-last and back
+    assert "gamma" in g.params  # the layer scale trains
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_convnext_block_forward_and_gradients(web, site, backend):
+    check_op(web, site, "convnext_block", convnext_block, IMG, "cross_entropy", batch=4, seed=6,
+             options=BACKENDS[backend])
+
+
+@pytest.mark.parametrize("backend,opt", [("webgl", "adam"), ("cpu", "sgd_momentum_wd")])
+def test_convnext_block_trains_like_pytorch(web, site, backend, opt):
+    check_training(web, site, _named(convnext_block, f"convnext_{backend}"), IMG, opt, "cross_entropy", samples=9,
+                   batch_size=4, epochs=1, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=7, options=BACKENDS[backend],
+                   max_batch=8)
+
+
 @pytest.mark.parametrize("backend,opt", [("webgl", "sgd_momentum_wd"), ("cpu", "sgd_nesterov"),
                                          ("rgba8", "sgd_dampening")])
 def test_transformer_layer_trains_like_pytorch(web, site, backend, opt):
