@@ -124,6 +124,7 @@ def to_ir(model, input_shape=None) -> Graph:
     # tensors that are one constant sample repeated over the batch (Expand or ConstantOfShape to
     # [N, ...]): per-sample array; only Concat takes them, as constant parts of a gather
     batch_consts: dict[str, np.ndarray] = {}
+    expanded_params: dict[str, str] = {}  # those of them that are a trainable parameter expanded: -> its name
     used = {t for n in g.node for t in n.input} | {g.output[0].name}
 
     # the (C, T) output of a 1-D conv or pool -> the (C, 1, T) tensor it is computed as: a 2-D conv or
@@ -321,6 +322,8 @@ def to_ir(model, input_shape=None) -> Graph:
             continue
         if op in ("Expand", "ConstantOfShape") and onnx_shape.batch_shape(consts.get(ins[-1])) is not None:
             batch_consts[out] = onnx_shape.batch_constant(_where(node), op, a, [consts[i] for i in ins])
+            if op == "Expand" and ins[0] in trainable_names:  # a parameter repeated over the batch: a class token
+                expanded_params[out] = ins[0]
             continue
         if all(x in consts for x in ins if x):
             consts[out] = _fold(node, op, a, [consts[x] if x else None for x in ins])
@@ -534,6 +537,10 @@ def to_ir(model, input_shape=None) -> Graph:
                                        trainable_names))
             continue
         if op == "Concat":
+            if any(i in expanded_params for i in ins):
+                raise BuildError(f"{_where(node)}: Concat of the parameter {expanded_params[next(i for i in ins if i in expanded_params)]!r} "
+                                 "expanded over the batch (a class token) is not supported yet: it would train as a "
+                                 "constant; pool over the tokens instead (x.mean(1))")
             operands = [batch_consts[i] if i in batch_consts else act(i) for i in ins]
             sample = [o.shape if isinstance(o, np.ndarray) else shapes[o] for o in operands]
             rank = len(sample[0])
