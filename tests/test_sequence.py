@@ -98,6 +98,41 @@ def test_transformer_layer_with_a_causal_mask_forward_and_gradients(web, site, b
              options=BACKENDS[backend])
 
 
+class ManualLayerNorm(nn.Module):
+    """LayerNorm written out, as older exporters emit it (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul,
+    Add): reductions over the features of tokens with keepdims, and (R, 1) and (1, F) operands broadcast."""
+
+    def __init__(self, d=16, classes=5):
+        super().__init__()
+        self.w = nn.Parameter(1 + 0.1 * torch.randn(d))
+        self.b = nn.Parameter(0.1 * torch.randn(d))
+        self.lin = nn.Linear(d, d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.lin(x)
+        mu = x.mean(-1, keepdim=True)
+        var = (x - mu).pow(2).mean(-1, keepdim=True)
+        y = (x - mu) / torch.sqrt(var + 1e-5) * self.w + self.b
+        return self.head(y.mean(1))
+
+
+def manual_layernorm():
+    return ManualLayerNorm()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "webgl"])
+def test_decomposed_layernorm_on_tokens_forward_and_gradients(web, site, backend):
+    check_op(web, site, "manual_layernorm", manual_layernorm, SHAPE, "cross_entropy", batch=4, seed=9,
+             options=BACKENDS[backend])
+
+
+def test_transformer_layer_on_folded_textures(web, site):
+    """A texture limit of 128 texels folds the token textures (64 samples * 7 tokens = 448 rows): the same results."""
+    check_op(web, site, "transformer_layer_folded", encoder, SHAPE, "cross_entropy", batch=5, seed=1,
+             options={"maxTextureSize": 128})
+
+
 def test_transformer_layer_4_heads_forward_and_gradients(web, site):
     check_op(web, site, "transformer_layer_4h", encoder_4_heads, (6, 32), "mse", batch=3, seed=2)
 
