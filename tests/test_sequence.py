@@ -280,3 +280,43 @@ def _named(factory, name):
         return factory()
     make.__name__ = name
     return make
+
+
+# ---- pure: the token layout and the batch-axis views ---------------------------------------------
+
+def test_tokens_pack_the_features_a_row_a_token():
+    import numpy as np
+
+    from texelfit.prep.layout import activation_packing, chw, pack, storage_ops, unpack
+    from texelfit.prep.shape import chain_shape
+
+    x = np.arange(3 * 5 * 6, dtype=np.float32).reshape(3, 5, 6)  # [N, T, F]
+    p = activation_packing((5, 6), 3)
+    t = pack(x, p)
+    assert t.shape == (15, 2, 4) and chw((5, 6)) == (6, 5, 1)
+    assert list(t[7, 0]) == list(x[1, 2, :4]) and list(t[7, 1]) == list(x[1, 2, 4:]) + [0.0, 0.0]
+    assert np.array_equal(unpack(t, p), x.reshape(-1))
+    assert chain_shape(chw((5, 6)), storage_ops((5, 6))) == (5, 6)
+
+
+@pytest.mark.parametrize("target,groups,fine", [
+    ([7, -1, 8], [[0], ["N", 1], [2]], (7, 2, 8)),     # [T, N, 16] -> [T, N * 2, 8]: the batch merged with the heads
+    ([-1, 16], [[0, "N"], [1]], (7, 16)),              # [T, N, 16] -> [T * N, 16]
+    ([0, 0, 2, 8], [[0], ["N"], [1], [2]], (7, 2, 8)),  # 0 copies, the 16 split
+])
+def test_a_reshape_regroups_the_factors_of_the_batch_and_the_axes(target, groups, fine):
+    from texelfit.prep import batch_axis as ba
+
+    v = ba.transpose(ba.trivial("x", (7, 16)), [1, 0, 2])  # [N, T, F] -> [T, N, F]
+    assert v.groups == [[0], ["N"], [1]]
+    r = ba.reshape("here", v, target, False)
+    assert r.groups == groups and r.fine == fine
+
+
+def test_a_reshape_that_splits_the_batch_fails():
+    from texelfit.prep import batch_axis as ba
+    from texelfit.prep.load import BuildError
+
+    v = ba.transpose(ba.trivial("x", (7, 16)), [1, 0, 2])
+    with pytest.raises(BuildError, match="splits the batch"):
+        ba.reshape("here", v, [7, 2, -1, 8], False)  # the 2 would come before the batch
