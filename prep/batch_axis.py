@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .load import BuildError
-from .shape import chain_shape
 
 N = "N"
 
@@ -97,8 +96,10 @@ def select(where, v: Lazy, axis: int, index: int) -> Lazy:
     def renum(f):
         return f if f == N or f < j else f - 1
 
-    groups = [[renum(f) for f in grp if f != j] for i, grp in enumerate(v.groups) if i != axis]
-    # the other size-1 factors of that group (none in practice) go with it
+    groups = [[renum(f) for f in grp] for k, grp in enumerate(v.groups) if k != axis]
+    leftover = [renum(f) for f in v.groups[axis] if f != j]  # of size 1 (checked above): kept in some group
+    if leftover and groups:
+        groups[-1] += leftover
     return Lazy(v.src, ops, fine, groups)
 
 
@@ -246,7 +247,3 @@ def after_blocks_op(out: str, a: Lazy, m: int, p: int) -> Lazy:
     groups = [[f if f == N else idx[f] for f in g if f == N or f in idx] for g in a.groups[:-2]]
     groups += [[len(keep)], [len(keep) + 1]]
     return Lazy(out, [("reshape", fine)], fine, groups)
-
-
-def check_ops(v: Lazy, shapes) -> None:
-    assert chain_shape(shapes[v.src], v.ops) == v.fine if v.ops else tuple(shapes[v.src]) == v.fine, v

@@ -457,7 +457,8 @@ def to_ir(model, input_shape=None) -> Graph:
             layers.append(Layer("silu", node.name, list(sig.inputs), [out]))
             shapes[out] = shapes[sig.inputs[0]]
             continue
-        if op in BY_ONNX and BY_ONNX[op].arity == 2 and len(ins) == 2 and sum(alias.get(i, i) in lazy for i in ins) == 1 \
+        if op in BY_ONNX and BY_ONNX[op].arity == 2 and len(ins) == 2 and \
+                sum(alias.get(i, i) in lazy for i in ins) == 1 \
                 and any(i in consts and np.size(consts[i]) > 1 for i in ins):
             # a constant of several values (an attention mask added to the scores) on a lazy view: on its rows
             # form, the constant spread over those rows
@@ -538,7 +539,8 @@ def to_ir(model, input_shape=None) -> Graph:
             continue
         if op == "Concat":
             if any(i in expanded_params for i in ins):
-                raise BuildError(f"{_where(node)}: Concat of the parameter {expanded_params[next(i for i in ins if i in expanded_params)]!r} "
+                token = expanded_params[next(i for i in ins if i in expanded_params)]
+                raise BuildError(f"{_where(node)}: Concat of the parameter {token!r} "
                                  "expanded over the batch (a class token) is not supported yet: it would train as a "
                                  "constant; pool over the tokens instead (x.mean(1))")
             operands = [batch_consts[i] if i in batch_consts else act(i) for i in ins]

@@ -57,7 +57,8 @@ ELEMENTWISE = ACTIVATIONS + tuple(BINARY)
 POOLS = ("maxpool", "avgpool", "global_avgpool")
 REDUCE = ("reduce",)
 SOFTMAX = ("softmax", "log_softmax")
-OPS = ("dense", "conv", "matmul", "layernorm", "batchnorm", "flatten", "gather", "concat") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
+OPS = ("dense", "conv", "matmul", "layernorm", "batchnorm", "flatten", "gather", "concat") + ELEMENTWISE + POOLS + \
+    SOFTMAX + REDUCE
 
 
 @dataclass

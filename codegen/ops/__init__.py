@@ -21,7 +21,8 @@ from . import conv, dense, elementwise, gather, matmul, merge, pool, reduce, res
 from .loss import LOSSES, loss_passes
 from .optim import OPTIMIZERS, optimizer_pass
 
-FAMILIES = {"dense": dense, "conv": conv, "matmul": matmul, "layernorm": matmul, "concat": merge, "flatten": reshape, "gather": gather,
+FAMILIES = {"dense": dense, "conv": conv, "matmul": matmul, "layernorm": matmul, "concat": merge, "flatten": reshape,
+            "gather": gather,
             **{e: elementwise for e in ELEMENTWISE}, **{s: softmax for s in SOFTMAX}, **{p: pool for p in POOLS},
             "reduce": reduce}
 
