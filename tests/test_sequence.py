@@ -320,3 +320,26 @@ def test_a_reshape_that_splits_the_batch_fails():
     v = ba.transpose(ba.trivial("x", (7, 16)), [1, 0, 2])
     with pytest.raises(BuildError, match="splits the batch"):
         ba.reshape("here", v, [7, 2, -1, 8], False)  # the 2 would come before the batch
+
+
+def test_a_frozen_encoder_trains_its_head_alone(web, site):
+    """--trainable head.*: the encoder is a frozen trunk (no backward through it), the head's gradients are
+    PyTorch's and predict is unchanged."""
+    import torch.nn.functional as F
+
+    from helpers import FWD, GRAD, assert_close, build_module, run_model
+
+    torch.manual_seed(11)
+    module = encoder().eval()
+    url = build_module(site, "encoder_frozen", module, SHAPE, max_batch=8, trainable="head.*")
+    x, y = torch.randn(6, *SHAPE), torch.randint(0, 5, (6,))
+    got = run_model(web, url, """
+        const x = new Float32Array(args.x), y = Int32Array.from(args.y);
+        return { out: Array.from(await m.predict(x, 6)), grads: arr(await m.gradients(x, y)) };
+    """, {"x": x.reshape(-1).tolist(), "y": y.tolist()})
+    out = module(x)
+    assert_close("frozen encoder forward", got["out"], out.detach().numpy(), **FWD)
+    F.cross_entropy(out, y).backward()
+    assert sorted(got["grads"]) == ["head.bias", "head.weight"]
+    for name in got["grads"]:
+        assert_close(f"frozen encoder d/d{name}", got["grads"][name], dict(module.named_parameters())[name].grad, **GRAD)
