@@ -5,7 +5,9 @@ Shape subgraphs that survive onnxsim because the batch is dynamic (what
 evaluated here symbolically, with the batch as the symbol ``"N"``; they leave no
 layer behind. Everything else maps one ONNX node to at most one IR layer (a Split: one per
 output), except that shape ops on activations (prep/onnx_shape.py) become gather layers, which
-compose into one where one reads another.
+compose into one where one reads another, and that shape ops which move or merge the batch axis
+(sequence models: nn.MultiheadAttention's [N, T, F] -> [T, N * h, d]) make no layer at all: they
+are followed as views (prep/batch_axis.py) until an op reads the tensor.
 """
 from __future__ import annotations
 
