@@ -5,7 +5,9 @@ Shape subgraphs that survive onnxsim because the batch is dynamic (what
 evaluated here symbolically, with the batch as the symbol ``"N"``; they leave no
 layer behind. Everything else maps one ONNX node to at most one IR layer (a Split: one per
 output), except that shape ops on activations (prep/onnx_shape.py) become gather layers, which
-compose into one where one reads another.
+compose into one where one reads another, and that shape ops which move or merge the batch axis
+(sequence models: nn.MultiheadAttention's [N, T, F] -> [T, N * h, d]) make no layer at all: they
+are followed as views (prep/batch_axis.py) until an op reads the tensor.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import json
 
 import numpy as np
 
+from . import batch_axis as ba
 from . import elementwise as ew
 from .elementwise import BY_ONNX
 from .ir import Graph, Layer, Param
@@ -26,9 +29,9 @@ SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "ConvTranspose", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
      "ReduceMean", "ReduceSum", "ReduceMax", "Resize", "Upsample", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
      "Split", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast", "Expand",
-     "ConstantOfShape", "Equal", "Where") + tuple(BY_ONNX)))
+     "ConstantOfShape", "Equal", "Where", "LayerNormalization") + tuple(BY_ONNX)))
 # ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
-MODULE_HINTS = {"LayerNormalization": "nn.LayerNorm", "InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
+MODULE_HINTS = {"InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
                 "GroupNormalization": "nn.GroupNorm", "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN",
                 "Gelu": "nn.GELU", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
                 "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
@@ -122,6 +125,7 @@ def to_ir(model, input_shape=None) -> Graph:
     # tensors that are one constant sample repeated over the batch (Expand or ConstantOfShape to
     # [N, ...]): per-sample array; only Concat takes them, as constant parts of a gather
     batch_consts: dict[str, np.ndarray] = {}
+    expanded_params: dict[str, str] = {}  # those of them that are a trainable parameter expanded: -> its name
     used = {t for n in g.node for t in n.input} | {g.output[0].name}
 
     # the (C, T) output of a 1-D conv or pool -> the (C, 1, T) tensor it is computed as: a 2-D conv or
@@ -129,8 +133,13 @@ def to_ir(model, input_shape=None) -> Graph:
     # reads it (a gather)
     twin_2d: dict[str, str] = {}
 
+    # tensors whose batch axis an export moved or merged (prep/batch_axis.py): ONNX name -> Lazy
+    lazy: dict[str, ba.Lazy] = {}
+
     def act(name):  # an activation tensor (not a constant), following aliases
         name = alias.get(name, name)
+        if name in lazy:  # the batch first again: one gather
+            return materialise(name, "canonical", f"tensor {name!r} read by an op")[0]
         if name in twin_2d and name not in shapes:
             c, _, t = shapes[twin_2d[name]]
             gather(None, name, [{"input": 0, "const": None, "ops": [("reshape", (c, t))]}], [twin_2d[name]],
@@ -155,6 +164,106 @@ def to_ir(model, input_shape=None) -> Graph:
 
     def view(node, x, ops, out=None, name=None):
         gather(node, out or node.output[0], [{"input": 0, "const": None, "ops": list(ops)}], [x], name)
+
+    def lz(name) -> ba.Lazy:
+        name = alias.get(name, name)
+        return lazy[name] if name in lazy else ba.trivial(act(name), shapes[act(name)])
+
+    def set_lazy(out, v: ba.Lazy):
+        if ba.is_trivial(v, shapes):
+            alias[out] = v.src
+        else:
+            lazy[out] = v
+
+    forms: dict[tuple[str, str], tuple] = {}
+
+    def materialise(name, form, what, where=""):
+        """(IR tensor, its extra) of `name` in `form` (batch_axis: canonical, rows or blocks)."""
+        name = alias.get(name, name)
+        if (name, form) in forms:
+            return forms[(name, form)]
+        v = lz(name)
+        fn = {"canonical": ba.canonical_form, "rows": ba.rows_form, "blocks": ba.blocks_form}[form]
+        ops, shape, *extra = fn(where or repr(name), v, what)
+        if all(op[0] == "reshape" for op in ops) and tuple(shape) == tuple(shapes[v.src]):
+            t = v.src
+        else:
+            t = name if form == "canonical" else f"{name}:{form}"
+            view(None, v.src, ops, out=t, name=f"{t}:view" if form != "canonical" else f"{name}:batch_first")
+            t = alias.get(t, t)
+        if form == "canonical":
+            lazy.pop(name, None)
+            if t != name:
+                alias[name] = t
+        forms[(name, form)] = (t, *extra)
+        return forms[(name, form)]
+
+    def rows_out(out, v: ba.Lazy, features) -> str:
+        """The IR tensor a row-wise op on `v` writes (its shape set), and the view of ONNX tensor
+        `out` over it."""
+        t = f"{out}:rows"
+        w = ba.after_rows_op(t, v, features)
+        shapes[t] = (int(np.prod(w.fine[:-1])), int(features))
+        set_lazy(out, w)
+        return t
+
+    def token_wise(name) -> bool:
+        """Whether a Gemm or MatMul with a weight reads `name` as rows of tokens (a matmul layer), not as
+        one vector a sample (a dense layer)."""
+        name = alias.get(name, name)
+        return name in lazy or len(shapes[act(name)]) == 2
+
+    def token_matmul(node, x, w, out, bias):
+        v = lz(x)
+        t_in = materialise(x, "rows", node.op_type, _where(node))[0]
+        o, i = params[w].canonical().shape
+        if shapes[t_in][1] != i:
+            raise BuildError(f"{_where(node)}: weight {w!r} of shape {params[w].array.shape} does not fit "
+                             f"{shapes[t_in][1]} input features")
+        layer = Layer("matmul", node.name, [t_in], [rows_out(out, v, o)], {"groups": 1}, {"weight": w})
+        if bias is not None:
+            b = param(node, list(node.input).index(bias))
+            if params[b].array.size != o:
+                raise BuildError(f"{_where(node)}: bias {b!r} of shape {params[b].array.shape} is not per-output")
+            params[b].array = params[b].array.reshape(-1)
+            layer.params["bias"] = b
+        layers.append(layer)
+
+    def moves_batch(node, op, a, ins) -> ba.Lazy | None:
+        """The lazy view of a shape op's output where its input is lazy or it moves the batch axis;
+        None where the per-sample shape ops of onnx_shape serve (the batch stays first)."""
+        x = alias.get(ins[0], ins[0])
+        if x in consts or x in batch_consts:
+            return None
+        pending = x in lazy
+        if op == "Transpose":
+            perm = list(a.get("perm", []))
+            if pending or (perm and perm[0] != 0):
+                return ba.transpose(lz(x), perm or list(range(lz(x).rank()))[::-1])
+        elif op == "Reshape" and ins[1] in consts:
+            target = list(np.asarray(consts[ins[1]], dtype=object).reshape(-1))
+            try:
+                v = ba.reshape(_where(node), lz(x), target, bool(a.get("allowzero", 0)))
+            except BuildError:
+                if pending:
+                    raise
+                return None
+            if pending or v.groups[0] != [ba.N]:
+                return v
+        elif op in ("Squeeze", "Unsqueeze") and pending:
+            axes = a.get("axes")
+            if axes is None and len(ins) > 1 and ins[1]:
+                axes = np.asarray(consts[ins[1]]).reshape(-1).tolist()
+            if op == "Unsqueeze":
+                return ba.unsqueeze(lz(x), axes)
+            v = lz(x)
+            if axes is None:
+                axes = [i for i, grp in enumerate(v.groups)
+                        if ba.N not in grp and int(np.prod([v.fine[f] for f in grp])) == 1]
+            return ba.squeeze(_where(node), v, axes)
+        elif op == "Gather" and len(ins) > 1 and ins[1] in consts and np.ndim(consts[ins[1]]) == 0:
+            return ba.select(_where(node), lz(x), int(a.get("axis", 0)), int(np.asarray(consts[ins[1]])))
+        return None
 
     def weight(node, i) -> np.ndarray:
         name = node.input[i]
@@ -214,6 +323,8 @@ def to_ir(model, input_shape=None) -> Graph:
             continue
         if op in ("Expand", "ConstantOfShape") and onnx_shape.batch_shape(consts.get(ins[-1])) is not None:
             batch_consts[out] = onnx_shape.batch_constant(_where(node), op, a, [consts[i] for i in ins])
+            if op == "Expand" and ins[0] in trainable_names:  # a parameter repeated over the batch: a class token
+                expanded_params[out] = ins[0]
             continue
         if all(x in consts for x in ins if x):
             consts[out] = _fold(node, op, a, [consts[x] if x else None for x in ins])
@@ -221,6 +332,11 @@ def to_ir(model, input_shape=None) -> Graph:
         if op == "Shape":
             full = [N] + list(shapes[act(ins[0])])
             consts[out] = full[a.get("start", 0):a.get("end", len(full))]
+            continue
+        if op in ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Gather") and (
+                v := moves_batch(node, op, a, ins)) is not None:
+            v.origin = getattr(lazy.get(alias.get(ins[0], ins[0])), "origin", "") or _where(node)
+            set_lazy(out, v)
             continue
         if op in SHAPE_ONLY:
             raise BuildError(f"{_where(node)}: {op} on activations is not supported (only on constant shapes)")
@@ -240,6 +356,10 @@ def to_ir(model, input_shape=None) -> Graph:
             for k, default in (("alpha", 1.0), ("beta", 1.0), ("transA", 0)):
                 if a.get(k, default) != default:
                     _unsupported_attr(node, k, a[k], "only alpha=1, beta=1, transA=0 are supported")
+            if token_wise(ins[0]):  # Gemm on rows of tokens (a Linear on [N, T, F] reshaped to [N*T, F])
+                token_matmul(node, ins[0], param(node, 1, matmul_layout=not a.get("transB", 0)), out,
+                             ins[2] if len(ins) > 2 and ins[2] else None)
+                continue
             x = act(ins[0])
             w = param(node, 1, matmul_layout=not a.get("transB", 0))
             layer = _dense(node, x, params[w], shapes)
@@ -250,6 +370,20 @@ def to_ir(model, input_shape=None) -> Graph:
                 params[b].array = params[b].array.reshape(-1)
                 layer.params["bias"] = b
             layers.append(layer)
+            continue
+        if op == "MatMul" and ins[1] not in consts:  # of two activations, batched over the leading axes
+            (ta, ga, pa), (tb, gb, pb) = (materialise(t, "blocks", "MatMul", _where(node)) for t in ins[:2])
+            if ga != gb or pa != pb or shapes[ta][1] * gb != shapes[tb][0]:
+                raise BuildError(f"{_where(node)}: MatMul of {lz(ins[0]).sizes()} and {lz(ins[1]).sizes()}: the "
+                                 "leading (batch) axes or the inner dims differ")
+            m = shapes[ta][0] // ga
+            t = f"{out}:rows"
+            layers.append(Layer("matmul", node.name, [ta, tb], [t], {"groups": ga}))
+            shapes[t] = (ga * m, shapes[tb][1])
+            set_lazy(out, ba.after_blocks_op(t, lz(ins[0]), m, shapes[tb][1]))
+            continue
+        if op == "MatMul" and token_wise(ins[0]):
+            token_matmul(node, ins[0], param(node, 1, matmul_layout=True), out, None)
             continue
         if op == "MatMul":
             x = act(ins[0])
@@ -335,8 +469,23 @@ def to_ir(model, input_shape=None) -> Graph:
             continue
         if op == "Add" and len([i for i in ins if i not in consts]) == 1:
             # a bias vector added to a MatMul output (Linear without Gemm): the dense layer's bias
-            x = act(next(i for i in ins if i not in consts))
+            xo = alias.get(next(i for i in ins if i not in consts), next(i for i in ins if i not in consts))
             c = next(i for i in ins if i in consts)
+            if xo in lazy or len(shapes.get(xo, ())) == 2:  # a bias added to a token-wise MatMul's rows
+                v = lz(xo)
+                prod = next((l for l in layers if v.src in l.outputs), None)
+                if (prod is not None and prod.op == "matmul" and "weight" in prod.params and "bias" not in prod.params
+                        and c in initializer_names and np.size(consts[c]) == shapes[v.src][1]
+                        and np.ndim(consts[c]) <= 1 and len([n for n in g.node if xo in n.input]) == 1):
+                    b = param(node, ins.index(c))
+                    params[b].array = params[b].array.reshape(-1)
+                    prod.params["bias"] = b
+                    if xo in lazy:
+                        lazy[out] = lazy[xo]
+                    else:
+                        alias[out] = xo
+                    continue
+            x = xo if xo in lazy else act(xo)
             prod = next((l for l in layers if x in l.outputs), None)
             bias = consts[c]
             if (prod is not None and prod.op == "dense" and "bias" not in prod.params
@@ -353,11 +502,92 @@ def to_ir(model, input_shape=None) -> Graph:
             layers.append(Layer("silu", node.name, list(sig.inputs), [out]))
             shapes[out] = shapes[sig.inputs[0]]
             continue
+        if op in BY_ONNX and BY_ONNX[op].arity == 2 and len(ins) == 2 and \
+                sum(alias.get(i, i) in lazy for i in ins) == 1 \
+                and any(i in consts and np.size(consts[i]) > 1 for i in ins):
+            # a constant of several values (an attention mask added to the scores) on a lazy view: on its rows
+            # form, the constant spread over those rows
+            k = next(j for j, i in enumerate(ins) if alias.get(i, i) in lazy)
+            v, cst = lazy[alias.get(ins[k], ins[k])], np.asarray(consts[ins[1 - k]], dtype=np.float32)
+            nb = [j for j, grp in enumerate(v.groups) if ba.N in grp]
+            if v.groups[nb[0]] != [ba.N] or cst.ndim > v.rank() or (cst.ndim == v.rank() and cst.shape[nb[0]] != 1):
+                raise BuildError(f"{_where(node)}: {op} of a constant of shape {list(cst.shape)} and a tensor of "
+                                 f"ONNX shape {v.sizes()}: not supported")
+            full = [1 if j == nb[0] else d for j, d in enumerate(v.sizes())]
+            x = materialise(ins[k], "rows", op, _where(node))[0]
+            name = ins[1 - k]
+            if not all(d == 1 for d in cst.shape[:-1]):  # not per feature alone: spread over the rows
+                if name in initializer_names and name in trainable_names:
+                    raise BuildError(f"{_where(node)}: a parameter of shape {list(cst.shape)} on tokens: only one "
+                                     "per feature (the last axis) is supported")
+                spread = np.broadcast_to(cst, full).reshape(shapes[x])
+                name = f"{node.name}:const"
+                consts[name] = np.maximum(np.minimum(spread, 3.4028234663852886e38), -3.4028234663852886e38)
+            t = f"{out}:rows"
+            operand_ins = [x, name] if k == 0 else [name, x]
+            layers.append(_elementwise(node, t, a, operand_ins, consts, shapes, act, param, initializer_names,
+                                       trainable_names))
+            set_lazy(out, ba.after_rows_op(t, v, shapes[x][1]))
+            continue
+        if op in BY_ONNX and len(ins) == 2 and all(alias.get(i, i) in lazy for i in ins) and (
+                va := lazy[alias.get(ins[0], ins[0])]).ops == (vb := lazy[alias.get(ins[1], ins[1])]).ops and \
+                va.fine == vb.fine and va.groups == vb.groups and shapes[va.src] == shapes[vb.src]:
+            # two activations seen through the same view (GELU's x * (erf(x / sqrt 2) + 1)): on their sources
+            t = f"{out}:src"
+            layers.append(_elementwise(node, t, a, [va.src, vb.src], consts, shapes, act, param,
+                                       initializer_names, trainable_names))
+            set_lazy(out, ba.Lazy(t, list(va.ops), va.fine, [list(grp) for grp in va.groups], va.origin))
+            continue
+        if op in BY_ONNX and any(alias.get(i, i) in lazy for i in ins) and all(
+                alias.get(i, i) in lazy or (i in consts and np.size(consts[i]) == 1) for i in ins[:2]) and \
+                sum(alias.get(i, i) in lazy for i in ins[:2]) == 1:
+            # pointwise on a lazy view (an activation, a scale): computed on its source, the view kept
+            k = next(j for j, i in enumerate(ins) if alias.get(i, i) in lazy)
+            v = lazy[alias.get(ins[k], ins[k])]
+            t = f"{out}:src"
+            layers.append(_elementwise(node, t, a, ins[:k] + [v.src] + ins[k + 1:], consts, shapes, act, param,
+                                       initializer_names, trainable_names))
+            set_lazy(out, ba.Lazy(t, list(v.ops), v.fine, [list(grp) for grp in v.groups]))
+            continue
+        if op == "LayerNormalization":
+            v = lz(ins[0])
+            axis = int(a.get("axis", -1)) % v.rank()
+            if axis != v.rank() - 1:
+                _unsupported_attr(node, "axis", a.get("axis"), "only over the last axis")
+            x = materialise(ins[0], "rows", op, _where(node))[0]
+            f = shapes[x][1]
+            layer = Layer("layernorm", node.name, [x], [rows_out(out, v, f)], {"eps": float(a.get("epsilon", 1e-5))})
+            for role, i in (("weight", 1), ("bias", 2)):
+                if len(ins) > i and ins[i]:
+                    w = param(node, i)
+                    if params[w].array.size != f:
+                        raise BuildError(f"{_where(node)}: {role} {w!r} of shape {params[w].array.shape} is not per "
+                                         "feature")
+                    params[w].array = params[w].array.reshape(-1)
+                    layer.params[role] = w
+            if "weight" not in layer.params:
+                raise BuildError(f"{_where(node)}: LayerNormalization without a scale is not supported")
+            layers.append(layer)
+            continue
+        if op in ("Softmax", "LogSoftmax") and (v := lz(ins[0])).rank() >= 3 and \
+                int(a.get("axis", -1)) % v.rank() == v.rank() - 1 and not (
+                    alias.get(ins[0], ins[0]) not in lazy and len(shapes[act(ins[0])]) == 3 and v.rank() == 4
+                    and int(a.get("axis", -1)) % 4 == 1):
+            # over the last axis of tokens (attention's scores): the rows form, the last axis packed
+            x = materialise(ins[0], "rows", op, _where(node))[0]
+            layers.append(Layer("softmax" if op == "Softmax" else "log_softmax", node.name, [x],
+                                [rows_out(out, v, shapes[x][1])]))
+            continue
         if op in BY_ONNX:
             layers.append(_elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names,
                                        trainable_names))
             continue
         if op == "Concat":
+            if any(i in expanded_params for i in ins):
+                token = expanded_params[next(i for i in ins if i in expanded_params)]
+                raise BuildError(f"{_where(node)}: Concat of the parameter {token!r} "
+                                 "expanded over the batch (a class token) is not supported yet: it would train as a "
+                                 "constant; pool over the tokens instead (x.mean(1))")
             operands = [batch_consts[i] if i in batch_consts else act(i) for i in ins]
             sample = [o.shape if isinstance(o, np.ndarray) else shapes[o] for o in operands]
             rank = len(sample[0])
@@ -368,7 +598,7 @@ def to_ir(model, input_shape=None) -> Graph:
                    for s_ in sample):
                 raise BuildError(f"{_where(node)}: Concat of per-sample shapes {sample} on axis {axis + 1}: the other "
                                  "dims differ")
-            if axis == 0 and not any(isinstance(o, np.ndarray) for o in operands):
+            if axis == 0 and rank != 2 and not any(isinstance(o, np.ndarray) for o in operands):
                 # the first per-sample axis (channels; of flat data: the stored order): its own kernel
                 layers.append(Layer("concat", node.name, operands, [out]))
                 shapes[out] = (sum(shapes[t][0] for t in operands),) + shapes[operands[0]][1:]
@@ -482,12 +712,17 @@ def to_ir(model, input_shape=None) -> Graph:
             if shapes[x] == (size,):
                 alias[out] = x  # already (features,)
                 continue
+            if len(shapes[x]) == 2:  # tokens (R, F), stored F-packed: a gather into PyTorch's order
+                view(node, x, [("reshape", (size,))])
+                continue
             layers.append(Layer("flatten", node.name, [x], [out]))
             shapes[out] = (size,)
             continue
         raise BuildError(f"{_where(node)}: cannot be converted here (its inputs are not supported)")
 
     output = alias.get(g.output[0].name, g.output[0].name)
+    if output in lazy:
+        output = act(output)
     if output in twin_2d:
         output = act(output)
     if output not in shapes or output == inp.name:
@@ -683,7 +918,7 @@ def _elementwise(node, out, a, ins, consts, shapes, act, param, initializer_name
     for slot, (t, s) in enumerate(zip(operand_ins, full)):
         padded = (1,) * (len(out_full) - len(s)) + tuple(s)
         per_sample = [int(d) if d != N else d for d in padded[1:]]
-        if per_sample != list(out_shape) and rank not in (1, 3):
+        if per_sample != list(out_shape) and rank not in (1, 2, 3):
             raise BuildError(f"{_where(node)}: broadcasting over a per-sample shape of rank {rank} "
                              f"({list(out_shape)} and {per_sample}) is not supported")
         if t not in consts:

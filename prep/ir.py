@@ -2,7 +2,8 @@
 
 Everything after `prep.graph` reads only this, never ONNX protos. Shapes are
 per-sample (batch is the only dynamic dimension, bounded by `max_batch`):
-(F,) for dense data, (C, H, W) for images.
+(F,) for dense data, (C, H, W) for images, (R, F) for tokens (rows by features: a sequence
+(T, F), or attention's (heads * T, d), the leading axes merged by prep.graph).
 
 Ops, grouped:
 
@@ -11,6 +12,12 @@ Ops, grouped:
                             attrs: kernel, strides, pads (top, left, bottom, right), dilations, groups
                conv_transpose  y = act(conv_transpose2d(x, W) + b)   weight [IC, OC/groups, KH, KW], bias [OC]
                             attrs: those of conv (pads cut from the full output), output_padding
+               matmul       y = x @ B (+ b), token-wise: x (R, I) -> (R, O); weight B [I, O] (or [O, I]:
+                            `transposed` False, as a Linear's), bias [O]
+                            or of two activations, batched: a (G*M, K) @ b (G*K, P) -> (G*M, P), each of
+                            the G = attrs["groups"] blocks of rows a matrix (attention's Q K^T and A V)
+               layernorm    y = (x - mean) / sqrt(var + eps) * w + b over the last (packed) axis;
+                            weight [F], bias [F]; attrs: eps
   folded away  batchnorm    inference form; `prep.fold` folds it into the conv/dense before it
   elementwise  every op of prep/elementwise.py: unary (relu, clip, hardswish, exp, ...: ACTIVATIONS) and
                binary (add, sub, mul, div, prelu: BINARY) with ONNX broadcasting; attrs: the op's
@@ -57,7 +64,8 @@ POOLS = ("maxpool", "avgpool", "global_avgpool")
 REDUCE = ("reduce",)
 SOFTMAX = ("softmax", "log_softmax")
 WEIGHTED = ("dense", "conv", "conv_transpose")  # a weight, a bias, a fused activation (prep/fuse.py)
-OPS = WEIGHTED + ("batchnorm", "flatten", "gather", "concat", "resample", "dropout") + ELEMENTWISE + POOLS + SOFTMAX + REDUCE
+OPS = WEIGHTED + ("matmul", "layernorm", "batchnorm", "flatten", "gather", "concat", "resample", "dropout") + \
+    ELEMENTWISE + POOLS + SOFTMAX + REDUCE
 
 
 @dataclass
@@ -125,8 +133,11 @@ class Graph:
         return int(sum(p.array.size for p in self.params.values()))
 
     def macs(self, layer: Layer) -> int:
-        """Multiply-adds of one sample through a dense or conv layer (each weight once per output
-        position); 0 for the layers without a weight."""
+        """Multiply-adds of one sample through a dense, conv, transposed conv or matmul layer (each weight once
+        per output position); 0 for the other layers."""
+        if layer.op == "matmul":
+            r, k = self.shapes[layer.inputs[0]]
+            return int(r * k * self.shapes[layer.outputs[0]][1])
         if layer.op not in WEIGHTED:
             return 0
         if layer.op == "conv_transpose":  # each weight once per input position

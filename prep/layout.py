@@ -14,6 +14,10 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
   tensor                        rows            blocks          channels
   activation NCHW (and grads)   n * H + h       w               c            (4 channels of one (n, h, w))
   activation (N, F)             n               1               f            (the same with H = W = 1)
+  activation (N, R, F)          n * R + r       1               f            (tokens by features: the last axis
+                                                                             packed, one texture row a token;
+                                                                             stored as (C, H, W) = (F, R, 1))
+  matmul weight B[I, O]         i               1               o            (x @ B of a token-wise Linear)
   dense weight W[O, I]          o (padded to 4) 1               i
   conv weight W[OC, ICg, KH, KW] kh * ICg + j   kw              oc           (4 output channels of one (j, kh, kw))
   bias b[O]                     1               1               o
@@ -103,15 +107,23 @@ def flattens_in_place(layer, graph: Graph) -> bool:
         return gather_is_view(layer, graph)
     if layer.op != "flatten":
         return False
-    shape = graph.shapes[layer.inputs[0]]
-    return len(shape) != 3 or shape[1] * shape[2] == 1
+    return chw(graph.shapes[layer.inputs[0]])[1:] == (1, 1)
 
 
 def storage_ops(shape: tuple[int, ...]) -> list:
     """The view ops (prep/shape.py) taking a tensor's stored dims, chw(shape), to its logical
-    per-sample shape: the stored order is the logical row-major order, so one reshape. (A tensor packed
-    in another order, tokens [T, F] with F in the texel, would permute here.)"""
+    per-sample shape: for images and flat data the stored order is the logical row-major order, so
+    one reshape; tokens (R, F), stored (F, R, 1) with F in the texel, permute."""
+    if len(shape) == 2:
+        return [("reshape", (shape[1], shape[0])), ("permute", (1, 0))]
     return [("reshape", tuple(shape))]
+
+
+def to_storage_ops(shape: tuple[int, ...]) -> list:
+    """The view ops taking a tensor's logical per-sample shape to its stored dims (storage_ops undone)."""
+    if len(shape) == 2:
+        return [("permute", (1, 0)), ("reshape", chw(shape))]
+    return [("reshape", chw(shape))]
 
 
 def gather_part_views(layer, graph: Graph, part: dict, *, backward: bool = False):
@@ -127,8 +139,8 @@ def gather_part_views(layer, graph: Graph, part: dict, *, backward: bool = False
         src = graph.shapes[layer.inputs[part["input"]]]
         src_storage, to_logical = chw(src), storage_ops(src)
     if backward:
-        return part_views(chw(out), storage_ops(out), inverse_ops(src, part["ops"]), [("reshape", chw(src))])
-    return part_views(src_storage, to_logical, part["ops"], [("reshape", chw(out))])
+        return part_views(chw(out), storage_ops(out), inverse_ops(src, part["ops"]), to_storage_ops(src))
+    return part_views(src_storage, to_logical, part["ops"], to_storage_ops(out))
 
 
 def gather_is_view(layer, graph: Graph) -> bool:
@@ -144,12 +156,28 @@ def gather_is_view(layer, graph: Graph) -> bool:
 
 
 def chw(shape: tuple[int, ...]) -> tuple[int, int, int]:
-    """(C, H, W) of a per-sample shape; any other than CHW is flat data: (F,) as F x 1 x 1."""
+    """(C, H, W) of a per-sample shape: (C, H, W) itself; tokens (R, F) as F x R x 1 (the last axis in
+    the texel, a texture row a token); any other is flat data: (F,) as F x 1 x 1."""
+    if len(shape) == 2:
+        return (int(shape[1]), int(shape[0]), 1)
     return tuple(shape) if len(shape) == 3 else (int(np.prod(shape)), 1, 1)
 
 
+def storage_strides(shape: tuple[int, ...]) -> list[int]:
+    """The stride of each logical axis of a per-sample shape in its stored order, the flat index
+    (c * H + h) * W + w of chw(shape)."""
+    shape = tuple(shape)
+    if len(shape) == 2:
+        return [1, int(shape[0])]
+    return [int(np.prod(shape[i + 1:])) for i in range(len(shape))]
+
+
 def activation_packing(shape: tuple[int, ...], batch: int) -> Packing:
-    """NCHW with `batch` samples (shapes other than CHW as flat data, see chw)."""
+    """NCHW with `batch` samples (shapes other than CHW as flat data, see chw); tokens (R, F) from their
+    row-major [N, R, F]."""
+    if len(shape) == 2:
+        r, f = (int(d) for d in shape)
+        return Packing(batch * r, r, 1, f, r * f, f, 0, 1)
     c, h, w = chw(shape)
     return Packing(batch * h, h, w, c, c * h * w, w, 1, h * w)
 
@@ -424,9 +452,13 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     for p in graph.params.values():
         layer = next(l for l in graph.layers if p.name in l.params.values())
         role = next(r for r, n in layer.params.items() if n == p.name)
-        if role == "bias":
+        if role == "bias" or layer.op == "layernorm":  # per feature vectors: one row
             packing = matrix_packing(1, p.array.size)
             height = 1
+        elif layer.op == "matmul":  # B[I, O] of x @ B, O in the texel (canonical() is [O, I])
+            o, i = p.canonical().shape
+            packing = matrix_packing(i, o, not p.transposed)
+            height = i
         elif layer.op in ELEMENTWISE:  # an operand (a PRelu slope, a layer scale): one sample of its shape
             shape = next(o["shape"] for o in operands(layer, graph) if o.get("role") == role)
             packing = activation_packing(tuple(shape), 1)

@@ -142,7 +142,7 @@ class _Groups:
 
 
 def _channels_of(shape) -> int:
-    return int(shape[0]) if len(shape) == 3 else int(np.prod(shape))
+    return int(shape[0]) if len(shape) in (2, 3) else int(np.prod(shape))  # the first axis, as apply_prune cuts
 
 
 def _channels(axis) -> int:
@@ -237,6 +237,13 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
                 gs.fix(s.group, f"reduce {layer.name!r} is not over (C, H, W) data")
             axes[out] = (Seg(gs.new(_channels_of(graph.shapes[out]), reason="a reduction"),
                              _channels_of(graph.shapes[out]), 1),)
+        elif layer.op in ("matmul", "layernorm"):  # token ops (R, F): not pruned
+            why = f"{layer.op} {layer.name!r} works on tokens, which are not pruned"
+            for t in layer.inputs:
+                for s in axes[t]:
+                    gs.fix(s.group, why)
+            n = _channels_of(graph.shapes[out])
+            axes[out] = (Seg(gs.new(n, reason=why), n, 1),)
         elif layer.op in ELEMENTWISE + POOLS + SOFTMAX + ("batchnorm", "reduce", "resample", "dropout"):
             axes[out] = x
         else:

@@ -124,10 +124,21 @@ class IRModule(nn.Module):
             dims = [d + 1 for d in a["axes"]]
             y = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax}[a["kind"]](x, dim=dims, keepdim=True)
             return y.reshape((x.shape[0],) + tuple(self.graph.shapes[layer.outputs[0]]))
+        if op == "matmul":  # token-wise x @ B (+ b), or a batched product of two activations
+            if len(ins) == 2:
+                g, n = a["groups"], x.shape[0]
+                y = x.reshape(n, g, -1, x.shape[-1]) @ ins[1].reshape(n, g, -1, ins[1].shape[-1])
+                return y.reshape(n, -1, y.shape[-1])
+            w, b = self.param(layer, "weight"), self.param(layer, "bias")
+            y = x @ w if self.graph.params[layer.params["weight"]].transposed else x @ w.T
+            return y + b if b is not None else y
+        if op == "layernorm":
+            return F.layer_norm(x, (x.shape[-1],), self.param(layer, "weight"), self.param(layer, "bias"), a["eps"])
+        dim = -1 if x.dim() == 3 else 1  # tokens (R, F): over the features; else the channels (classes)
         if op == "softmax":
-            return torch.softmax(x, dim=1)
+            return torch.softmax(x, dim=dim)
         if op == "log_softmax":
-            return torch.log_softmax(x, dim=1)
+            return torch.log_softmax(x, dim=dim)
         if op == "concat":
             return torch.cat(ins, dim=1)
         if op == "flatten":

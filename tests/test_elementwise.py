@@ -147,6 +147,6 @@ def test_unsupported_ops_are_listed_all_at_once_with_their_modules():
         compile_onnx(export_simplified(Net(), (4, 3, 3)), name="m", input_shape=(4, 3, 3))
     msg = str(e.value)
     assert "unsupported ONNX ops " in msg, msg
-    for op, hint in (("LayerNormalization", "nn.LayerNorm"), ("ReduceProd", "Tensor.prod")):
+    for op, hint in (("InstanceNormalization", "nn.GroupNorm / nn.InstanceNorm2d"), ("ReduceProd", "Tensor.prod")):
         assert f"{op} (from {hint}) at node" in msg, msg
     assert "supported ops: Gemm" in msg, msg

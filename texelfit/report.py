@@ -27,6 +27,10 @@ def flops(layer, graph: Graph) -> int:
     extra = size * (("bias" in layer.params) + ("act" in layer.attrs))
     if layer.op == "dense":
         return 2 * graph.shapes[layer.inputs[0]][0] * out[0] + extra
+    if layer.op == "matmul":  # (R, K) @ (K, P) a block: 2 * K multiply-adds an output
+        return 2 * graph.shapes[layer.inputs[0]][1] * size + extra
+    if layer.op == "layernorm":  # mean, variance, normalise, scale and shift
+        return 7 * size
     if layer.op == "conv":
         kh, kw = layer.attrs["kernel"]
         c_in = graph.shapes[layer.inputs[0]][0]

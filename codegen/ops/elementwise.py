@@ -19,6 +19,8 @@ table, keyed by `fn` (the CPU backend's twins call ELEMENTWISE[fn].f and .d[j]).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from texelfit.prep.elementwise import derivatives_of, forward_of, leaves
 from texelfit.prep.ir import operands
 from texelfit.prep.layout import ceil_div, chw, shares_gradient
@@ -34,12 +36,15 @@ def _operand(o: dict, i: int, out: tuple[int, int, int]) -> dict:
          "batched": o["kind"] == "act", "bc": c == 1 and out[0] > 1, "bh": h == 1 and out[1] > 1,
          "bw": w == 1 and out[2] > 1}
     if o["kind"] == "const":
+        values = o["values"]
+        if len(o["shape"]) == 2:  # tokens (R, F) are stored (F, R, 1): the values in that order
+            values = np.asarray(values).reshape(o["shape"]).T.reshape(-1).tolist()
         c4 = ceil_div(c, 4)
         vals = [0.0] * (h * w * c4 * 4)
         for hh in range(h):
             for ww in range(w):
                 for ch in range(c):  # (C, H, W) row-major -> texel (hh * w + ww) * c4 + ch // 4, lane ch % 4
-                    vals[((hh * w + ww) * c4 + ch // 4) * 4 + ch % 4] = o["values"][(ch * h + hh) * w + ww]
+                    vals[((hh * w + ww) * c4 + ch // 4) * 4 + ch % 4] = values[(ch * h + hh) * w + ww]
         d["texels"] = [vals[k:k + 4] for k in range(0, len(vals), 4)]
     return d
 

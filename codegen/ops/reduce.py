@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from texelfit.prep.layout import ceil_div, chw
+from texelfit.prep.layout import ceil_div, chw, storage_strides
 
 from ..kernels import Kernel, Pass, glsl_float
 from .common import grad_target
@@ -30,7 +30,18 @@ def _consts(layer, graph):
     axes = layer.attrs["axes"]
     keep = [1 if i in axes else d for i, d in enumerate(shape)]
     red = [shape[i] for i in axes]
-    ins, ks, rs = _strides(shape), _strides(keep), _strides(red)
+    # the flat indices the kernel walks are those of the stored order (layout.storage_strides: tokens (R, F)
+    # are stored (F, R, 1)): an output element e's kept axes, and the input's axes, by their stored strides
+    out_shape = graph.shapes[layer.outputs[0]]
+    ins, rs = storage_strides(tuple(shape)), _strides(red)
+    out_strides = storage_strides(tuple(out_shape))
+    kept_axes = [i for i in range(len(shape)) if i not in axes]
+    if layer.attrs["keepdims"]:
+        ks = out_strides
+    else:
+        ks = [0] * len(shape)
+        for j, i in enumerate(kept_axes):
+            ks[i] = out_strides[j] if j < len(out_strides) else 1
     ic, ih, iw = chw(tuple(shape))
     oc, oh, ow = chw(graph.shapes[layer.outputs[0]])
     count = int(np.prod(red))

@@ -1,0 +1,127 @@
+"""matmul and layernorm: the token ops, on tensors (R, F) stored with F packed, a texture row a token
+(prep/layout.py). `rows` below is the texture rows of one sample of the tensor named.
+
+matmul, token-wise x @ B (+ b), B a weight [I, O] stored O-packed:
+forward    matmul_forward       X, B (, BIAS)  -> Y         rows: batch
+backward   matmul_grad_a        DY, B          -> dX        rows: batch   dX = dY B^T
+           matmul_grad_weight   X, DY          -> dB        rows: full    dB = sum over samples, rows of X^T dY
+           rows_sum             DY             -> db        rows: full    db = sum over samples, rows of dY
+
+matmul of two activations, batched: a (G*M, K) @ b (G*K, P), block g of M rows of a times block g of K
+rows of b (attention's Q K^T and A V):
+forward    matmul_forward       A, B           -> Y         rows: batch
+backward   matmul_grad_a        DY, B          -> dA        rows: batch   dA = dY B^T, a block each
+           matmul_grad_b        A, DY          -> dB        rows: batch   dB = A^T dY, a block each
+
+layernorm over the F features of each row, weight w and bias b [F] (each a one-row texture):
+forward    layernorm_forward        X, W, B   -> Y          rows: batch   (x - mean) / sqrt(var + eps) * w + b
+backward   layernorm_grad_input     DY, X, W  -> dX         rows: batch   rstd * (g - mean(g) - xhat mean(g xhat)),
+                                                                          g = dY * w
+           layernorm_grad_weight    DY, X     -> dw         rows: full    sum over rows of dY * xhat
+           rows_sum                 DY        -> db         rows: full
+Mean and variance are recomputed where they are needed (a row is a few texels): no statistics texture.
+"""
+from __future__ import annotations
+
+from texelfit.prep.layout import ceil_div
+
+from ..kernels import Kernel, Pass, glsl_float
+from .common import grad_target, lanes
+
+
+def _consts(layer, graph):
+    a, y = graph.shapes[layer.inputs[0]], graph.shapes[layer.outputs[0]]
+    g = layer.attrs.get("groups", 1)
+    weight = "weight" in layer.params
+    k = a[1]
+    rows_b = 0 if weight else graph.shapes[layer.inputs[1]][0]
+    return dict(lanes(y[1]), groups=g, m=a[0] // g, k=k, k4=ceil_div(k, 4), p=y[1], p4=ceil_div(y[1], 4),
+                rows_a=a[0], rows_b=rows_b, weight=weight, has_bias="bias" in layer.params)
+
+
+def _title(c, what):
+    b = f"{c['k']}x{c['p']}" if c["weight"] else f"{c['groups']}x{c['k']}x{c['p']}"
+    return f"{what} {c['groups']}x{c['m']}x{c['k']}@{b}{' +b' if c['has_bias'] else ''}"
+
+
+def _b_texture(layer, plan):
+    return "param:" + layer.params["weight"] if "weight" in layer.params else plan.tensor(layer.inputs[1])
+
+
+def forward(layer, graph, plan):
+    if layer.op == "layernorm":
+        return _ln_forward(layer, graph, plan)
+    c = _consts(layer, graph)
+    names = ("A", "B") + (("BIAS",) if c["has_bias"] else ())
+    textures = [plan.tensor(layer.inputs[0]), _b_texture(layer, plan)]
+    if c["has_bias"]:
+        textures.append("param:" + layer.params["bias"])
+    k = Kernel(_title(c, "matmul_forward"), "matmul_forward.glsl.j2", names, consts=c)
+    return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
+
+
+def _rows_sum(layer, graph, plan, role):
+    rows = graph.shapes[layer.outputs[0]][0]
+    k = Kernel(f"rows_sum {rows}", "rows_sum.glsl.j2", ("DY",), uniforms=("u_batch", "u_loss_scale"),
+               consts={"rows": rows})
+    return Pass(k, [plan.grad(layer.outputs[0])], ["pgrad:" + layer.params[role]], "full", layer.name)
+
+
+def backward(layer, graph, plan):
+    if layer.op == "layernorm":
+        return _ln_backward(layer, graph, plan)
+    c = _consts(layer, graph)
+    y = layer.outputs[0]
+    passes = []
+    target = grad_target(plan, layer, 0)
+    if target:
+        k = Kernel(_title(c, "matmul_grad_a"), "matmul_grad_a.glsl.j2", ("DY", "B"), consts=c)
+        passes.append(Pass(k, [plan.grad(y), _b_texture(layer, plan)], [target], "batch", layer.name))
+    if not c["weight"]:
+        target = grad_target(plan, layer, 1)
+        if target:
+            k = Kernel(_title(c, "matmul_grad_b"), "matmul_grad_b.glsl.j2", ("A", "DY"), consts=c)
+            passes.append(Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], [target], "batch", layer.name))
+        return passes
+    if graph.is_trainable(layer.params["weight"]):
+        k = Kernel(_title(c, "matmul_grad_weight"), "matmul_grad_weight.glsl.j2", ("A", "DY"),
+                   uniforms=("u_batch", "u_loss_scale"), consts=c)
+        passes.append(Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], ["pgrad:" + layer.params["weight"]],
+                           "full", layer.name))
+    if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
+        passes.append(_rows_sum(layer, graph, plan, "bias"))
+    return passes
+
+
+def _ln_consts(layer, graph):
+    r, f = graph.shapes[layer.inputs[0]]
+    return dict(lanes(f), rows=r, f=f, f4=ceil_div(f, 4), f_float=glsl_float(f), eps=glsl_float(layer.attrs["eps"]),
+                has_bias="bias" in layer.params)
+
+
+def _ln_forward(layer, graph, plan):
+    c = _ln_consts(layer, graph)
+    names = ("X", "W") + (("B",) if c["has_bias"] else ())
+    textures = [plan.tensor(layer.inputs[0]), "param:" + layer.params["weight"]]
+    if c["has_bias"]:
+        textures.append("param:" + layer.params["bias"])
+    k = Kernel(f"layernorm_forward {c['rows']}x{c['f']}", "layernorm_forward.glsl.j2", names, consts=c)
+    return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
+
+
+def _ln_backward(layer, graph, plan):
+    c = _ln_consts(layer, graph)
+    x, y = plan.tensor(layer.inputs[0]), layer.outputs[0]
+    passes = []
+    target = grad_target(plan, layer, 0)
+    if target:
+        k = Kernel(f"layernorm_grad_input {c['rows']}x{c['f']}", "layernorm_grad_input.glsl.j2", ("DY", "X", "W"),
+                   consts=c)
+        passes.append(Pass(k, [plan.grad(y), x, "param:" + layer.params["weight"]], [target], "batch", layer.name))
+    if graph.is_trainable(layer.params["weight"]):
+        k = Kernel(f"layernorm_grad_weight {c['rows']}x{c['f']}", "layernorm_grad_weight.glsl.j2", ("DY", "X"),
+                   uniforms=("u_batch", "u_loss_scale"), consts=c)
+        passes.append(Pass(k, [plan.grad(y), x], ["pgrad:" + layer.params["weight"]], "full", layer.name))
+    if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
+        passes.append(_rows_sum(layer, graph, plan, "bias"))
+    return passes
