@@ -116,14 +116,8 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
         factors = [dz, st]
     blocked_reads = None
     if st in plan.textures:
-        spec = plan.textures[st]
-        ch, h, w_ = chw(spec.shape[:-1])
-        c = dict(c, nb4=spec.packing.c4)
-        # (c4 only matters with w > 1: dense layers share one program)
-        backward.append(Pass(Kernel(f"samples_last {h}x{w_}", "samples_last.glsl.j2", ("A",), uniforms=("u_batch",),
-                                    consts={"c4": ceil_div(ch, 4) if w_ > 1 else 0, "h": h, "w": w_,
-                                            "nb4": spec.packing.c4}),
-                             [src], [st], "full", layer.name, blocked=True if family == "dense" else None))
+        c = dict(c, nb4=plan.textures[st].packing.c4)
+        backward.append(samples_last_pass(plan, src, st, layer.name, blocked=True if family == "dense" else None))
         if family == "dense":
             blocked_reads = ("DZT", "X"), [st, tx]
     if "pgrad:" + weight in plan.textures:
@@ -140,6 +134,17 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
     elif target:
         backward += blockable("grad_input", ("DZ", "W"), (), [dz, w], target, "batch")
     return forward, backward
+
+
+def samples_last_pass(plan, src: str, dst: str, label: str, blocked=None) -> Pass:
+    """The pass laying `src` out with the samples as channels into `dst` (layout.py: samples_last_packing),
+    for a weight gradient that sums over the samples."""
+    spec = plan.textures[dst]
+    ch, h, w = chw(spec.shape[:-1])
+    # (c4 only matters with w > 1: dense layers share one program)
+    return Pass(Kernel(f"samples_last {h}x{w}", "samples_last.glsl.j2", ("A",), uniforms=("u_batch",),
+                       consts={"c4": ceil_div(ch, 4) if w > 1 else 0, "h": h, "w": w, "nb4": spec.packing.c4}),
+                [src], [dst], "full", label, blocked=blocked)
 
 
 def _activation_only(c: dict) -> dict:

@@ -17,10 +17,10 @@ output larger, which C's output size absorbs. No sample-blocked twins (layout.py
 """
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div, chw
+from texelfit.prep.layout import ceil_div
 
 from ..kernels import Kernel, Pass
-from .common import fused_activation, grad_target, lanes
+from .common import fused_activation, grad_target, lanes, samples_last_pass
 
 
 def _as_conv(layer, graph) -> dict:
@@ -70,14 +70,10 @@ def backward(layer, graph, plan):
         dz = "dz:" + y
     weight = layer.params["weight"]
     if "pgrad:" + weight in plan.textures:
-        spec = plan.textures["dzt:" + y]
-        ch, h, w_ = chw(spec.shape[:-1])
-        out.append(Pass(Kernel(f"samples_last {h}x{w_}", "samples_last.glsl.j2", ("A",), uniforms=("u_batch",),
-                               consts={"c4": ceil_div(ch, 4) if w_ > 1 else 0, "h": h, "w": w_,
-                                       "nb4": spec.packing.c4}),
-                        [dz], ["dzt:" + y], "full", layer.name))
+        out.append(samples_last_pass(plan, dz, "dzt:" + y, layer.name))
+        nb4 = plan.textures["dzt:" + y].packing.c4
         out.append(Pass(Kernel(_title(layer, graph, "grad_weight"), "conv_grad_weight.glsl.j2", ("DZ", "XT"),
-                               uniforms=("u_batch", "u_loss_scale"), consts=dict(c, nb4=spec.packing.c4)),
+                               uniforms=("u_batch", "u_loss_scale"), consts=dict(c, nb4=nb4)),
                         [x, "dzt:" + y], ["pgrad:" + weight], "full", layer.name))
     bias = layer.params.get("bias")
     if bias and "pgrad:" + bias in plan.textures:
