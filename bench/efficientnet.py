@@ -240,31 +240,17 @@ def page_args(fw, part, url, args):
 def run_page(browser, url, fw, part, args):
     page_name = {"texelfit": "effnet_texelfit", "tfjs-webgl": "effnet_tfjs", "tfjs-wasm": "effnet_tfjs",
                  "ort-wasm": "effnet_ort", "ort-webgpu": "effnet_ort"}[fw]
-    ctx = browser.new_context()
-    page = ctx.new_page()
-    page.set_default_timeout(args.page_timeout * 1000)
     hz = os.sysconf("SC_CLK_TCK")
-    # the CPU ms this process tree (Chromium and SwiftShader's threads in it) has used: the pages read
-    # it around each timed call (effnet_common.js, cpuMs)
-    page.expose_function("benchCpuTicks", lambda: common._my_tree_ticks() * 1000.0 / hz)
-    errors = []
-    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-    try:
-        page.goto(f"{url}/pages/{page_name}.html")
-        page.wait_for_function("window.benchReady === true", timeout=60_000)
-        settled = common.settle()
-        c0 = common.cpu_sample()
-        result = page.evaluate("(a) => window.bench.run(a)", page_args(fw, part, url, args))
-        result["foreignCores"] = common.foreign_cores(c0, common.cpu_sample())
-        result["settledS"] = settled
-    except Exception as e:  # recorded, the run goes on
-        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
-    finally:
-        ctx.close()
-    if errors:
-        result["pageErrors"] = errors[:10]
-    return result
+
+    def prepare(page):
+        page.set_default_timeout(args.page_timeout * 1000)
+        # the CPU ms this process tree (Chromium and SwiftShader's threads in it) has used: the pages
+        # read it around each timed call (effnet_common.js, cpuMs)
+        page.expose_function("benchCpuTicks", lambda: common._my_tree_ticks() * 1000.0 / hz)
+
+    return common.call_in_page(browser, url, page_name,
+                               lambda page: page.evaluate("(a) => window.bench.run(a)", page_args(fw, part, url, args)),
+                               prepare)
 
 
 def browser_round(url, args, r):
