@@ -27,7 +27,7 @@ N = "N"  # the batch dimension in symbolic shape values
 
 SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "ConvTranspose", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
-     "ReduceMean", "ReduceSum", "ReduceMax", "Resize", "Upsample", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
+     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2", "Resize", "Upsample", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
      "Split", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast", "Expand",
      "ConstantOfShape", "Equal", "Where", "LayerNormalization") + tuple(BY_ONNX)))
 # ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
@@ -320,6 +320,15 @@ def to_ir(model, input_shape=None) -> Graph:
         if op == "Constant":
             consts[out] = numpy_helper.to_array(a["value"]) if "value" in a else np.asarray(
                 a.get("value_ints", a.get("value_int", a.get("value_floats", a.get("value_float")))))
+            continue
+        if op == "Expand" and ins[0] not in consts and ins[0] not in batch_consts:
+            # an activation repeated to a larger shape (F.normalize expands its norm to the input's shape):
+            # every consumer broadcasting it anyway, it is the activation itself
+            users = [n for n in g.node if out in n.input]
+            if not users or not all(n.op_type in BY_ONNX and BY_ONNX[n.op_type].arity == 2 for n in users):
+                raise BuildError(f"{_where(node)}: Expand of an activation is supported only into elementwise ops "
+                                 f"that broadcast it; it feeds {sorted({n.op_type for n in users})}")
+            alias[out] = act(ins[0])
             continue
         if op in ("Expand", "ConstantOfShape") and onnx_shape.batch_shape(consts.get(ins[-1])) is not None:
             batch_consts[out] = onnx_shape.batch_constant(_where(node), op, a, [consts[i] for i in ins])
@@ -665,7 +674,7 @@ def to_ir(model, input_shape=None) -> Graph:
             layers.append(Layer("maxpool" if op == "MaxPool" else "avgpool", node.name, [x], [out], attrs))
             shapes[out] = (c, oh, ow)
             continue
-        if op in ("GlobalAveragePool", "ReduceMean", "ReduceSum", "ReduceMax"):
+        if op in ("GlobalAveragePool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2"):
             x = act(ins[0])
             rank = len(shapes[x]) + 1
             if op == "GlobalAveragePool":
@@ -683,6 +692,14 @@ def to_ir(model, input_shape=None) -> Graph:
             keep = bool(a.get("keepdims", 1)) or op == "GlobalAveragePool"
             if op in ("GlobalAveragePool", "ReduceMean") and rank == 4 and axes == [2, 3]:
                 layers.append(Layer("global_avgpool", node.name, [x], [out], {"keepdims": keep}))
+            elif op == "ReduceL2":  # sqrt(sum(x^2)) (F.normalize exports it): three declared ops
+                square, total = f"{out}/square", f"{out}/sum"
+                layers.append(Layer("pow", f"{node.name}/square", [x], [square],
+                                    ew.layer_attrs(ew.OPS["pow"], {"exponent": 2.0})))
+                shapes[square] = shapes[x]
+                layers.append(Layer("reduce", f"{node.name}/sum", [square], [total],
+                                    {"kind": "sum", "axes": [v - 1 for v in axes], "keepdims": keep}))
+                layers.append(Layer("sqrt", node.name, [total], [out], {}))
             else:
                 layers.append(Layer("reduce", node.name, [x], [out],
                                     {"kind": op[len("Reduce"):].lower(), "axes": [v - 1 for v in axes],
@@ -691,6 +708,8 @@ def to_ir(model, input_shape=None) -> Graph:
             shapes[out] = tuple(kept) if keep else tuple(d for i, d in enumerate(shapes[x]) if i + 1 not in axes)
             if not shapes[out]:
                 shapes[out] = (1,)
+            if op == "ReduceL2":
+                shapes[f"{out}/sum"] = shapes[out]
             continue
         if op in ("Flatten", "Reshape"):
             x = act(ins[0])
