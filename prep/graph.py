@@ -89,28 +89,43 @@ def _window(node, a, shape, kernel, *, allow_dilation: bool):
     return tuple(kernel), strides, (pads[0], pads[1], pads[2], pads[3]), dil
 
 
+def shape_list(input_shape) -> list[tuple[int, ...]] | None:
+    """`input_shape` as one per-sample shape per input: None (none given), one shape (784 or (1, 28, 28):
+    a single input) or a list of shapes (one per input, build --input-shape given once per input)."""
+    if input_shape is None or len(input_shape) == 0:
+        return None
+    if all(isinstance(d, (int, np.integer)) for d in input_shape):
+        return [tuple(int(d) for d in input_shape)]
+    return [tuple(int(d) for d in s) for s in input_shape]
+
+
 def to_ir(model, input_shape=None) -> Graph:
     from onnx import numpy_helper
 
     g = model.graph
     consts: dict[str, object] = dict(initializer_arrays(model))  # name -> np.ndarray | symbolic list
     inputs = [i for i in g.input if i.name not in consts]
-    if len(inputs) != 1 or len(g.output) != 1:
-        raise BuildError(f"the model must have exactly one input and one output "
+    if not inputs or len(g.output) != 1:
+        raise BuildError(f"the model must have at least one input and exactly one output "
                          f"(it has {len(inputs)} inputs and {len(g.output)} outputs)")
+    given = shape_list(input_shape)
+    if given is not None and len(given) != len(inputs):
+        raise BuildError(f"{len(given)} input shape(s) given (--input-shape) for the model's {len(inputs)} inputs "
+                         f"({', '.join(i.name for i in inputs)}): give one per input, in order")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for k, inp in enumerate(inputs):
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim]
+        if given is not None:
+            shape = given[k]
+            if (len(dims) > 1 and len(dims) - 1 != len(shape)) or any(d is not None and d != s for d, s in zip(dims[1:], shape)):
+                raise BuildError(f"--input-shape {shape} does not match the model's input {inp.name!r} of shape {dims}")
+        else:
+            if len(dims) < 2 or any(d is None or d <= 0 for d in dims[1:]):
+                raise BuildError(f"the model's input {inp.name!r} has shape {dims}: the per-sample dims must be "
+                                 "static (give --input-shape)")
+            shape = tuple(dims[1:])
+        shapes[inp.name] = shape
     inp = inputs[0]
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim]
-    if input_shape:
-        shape = tuple(int(d) for d in input_shape)
-        if (len(dims) > 1 and len(dims) - 1 != len(shape)) or any(d is not None and d != s for d, s in zip(dims[1:], shape)):
-            raise BuildError(f"--input-shape {shape} does not match the model's input {inp.name!r} of shape {dims}")
-    else:
-        if len(dims) < 2 or any(d is None or d <= 0 for d in dims[1:]):
-            raise BuildError(f"the model's input {inp.name!r} has shape {dims}: the per-sample dims must be "
-                             "static (give --input-shape)")
-        shape = tuple(dims[1:])
-
-    shapes: dict[str, tuple[int, ...]] = {inp.name: shape}
     alias: dict[str, str] = {}
     layers: list[Layer] = []
     params: dict[str, Param] = {}
@@ -725,12 +740,12 @@ def to_ir(model, input_shape=None) -> Graph:
         output = act(output)
     if output in twin_2d:
         output = act(output)
-    if output not in shapes or output == inp.name:
+    if output not in shapes or output in {i.name for i in inputs}:
         raise BuildError(f"the model output {g.output[0].name!r} is not computed by any supported layer")
     layers = onnx_shape.compose_gathers(layers, output, shapes)
     order = [i.name for i in g.initializer]
     ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[0].split("@")[0]), kv[0])))
-    return Graph(inp.name, output, shapes, layers, ordered)
+    return Graph(inp.name, output, shapes, layers, ordered, inputs=tuple(i.name for i in inputs))
 
 
 def _dense(node, x, w: Param, shapes) -> Layer:
