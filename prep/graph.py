@@ -24,6 +24,7 @@ from .load import PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, 
 from .shape import chain_shape
 
 N = "N"  # the batch dimension in symbolic shape values
+F32_MAX = float(np.finfo(np.float32).max)  # an infinite constant that a kernel bakes in (select_eq's -inf fill)
 
 SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "ConvTranspose", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
@@ -191,6 +192,7 @@ def to_ir(model, input_shape=None) -> Graph:
             lazy[out] = v
 
     forms: dict[tuple[str, str], tuple] = {}
+    equals: dict[str, tuple[str, float]] = {}  # Equal(activation, constant) -> (its IR tensor, the constant)
 
     def materialise(name, form, what, where=""):
         """(IR tensor, its extra) of `name` in `form` (batch_axis: canonical, rows or blocks)."""
@@ -344,14 +346,45 @@ def to_ir(model, input_shape=None) -> Graph:
         if all(x in consts for x in ins if x):
             consts[out] = _fold(node, op, a, [consts[x] if x else None for x in ins])
             continue
+        if op == "Equal" and ins[0] not in consts and ins[1] in consts and np.size(consts[ins[1]]) == 1 \
+                and not isinstance(consts[ins[1]], list):
+            # an activation compared with a constant: only a Where of constants reads it (select_eq)
+            equals[out] = (act(ins[0]), float(np.asarray(consts[ins[1]]).reshape(-1)[0]))
+            continue
+        if op == "Where" and ins[0] in equals:
+            x, value = equals[ins[0]]
+            picked = []
+            for t in ins[1:3]:
+                v = consts.get(t, batch_consts.get(t))
+                vals = None if v is None or isinstance(v, list) else np.unique(np.asarray(v, dtype=np.float64))
+                if vals is None or vals.size != 1:
+                    raise BuildError(f"{_where(node)}: Where of a comparison picks {t!r}, which is not one constant "
+                                     "(a masked_fill by a constant is supported)")
+                picked.append(float(np.clip(vals[0], -F32_MAX, F32_MAX)))
+            layers.append(Layer("select_eq", node.name, [x], [out], {"value": value, "fill": picked[0], "other": picked[1]}))
+            shapes[out] = shapes[x]
+            continue
         if op == "Shape":
-            full = [N] + list(shapes[act(ins[0])])
+            src = alias.get(ins[0], ins[0])
+            if src in equals:
+                src = equals[src][0]
+            if src in lazy:  # a tensor whose batch axis moved: its ONNX shape, the batch "N" where it is alone
+                sizes = lazy[src].sizes()
+                if any(isinstance(d, tuple) and d[1] != 1 for d in sizes):
+                    raise BuildError(f"{_where(node)}: Shape of a tensor whose batch axis is merged with another "
+                                     f"axis (ONNX shape {sizes})")
+                full = [N if isinstance(d, tuple) else d for d in sizes]
+            else:
+                full = [N] + list(shapes[act(src)])
             consts[out] = full[a.get("start", 0):a.get("end", len(full))]
             continue
         if op in ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Gather") and (
                 v := moves_batch(node, op, a, ins)) is not None:
             v.origin = getattr(lazy.get(alias.get(ins[0], ins[0])), "origin", "") or _where(node)
             set_lazy(out, v)
+            continue
+        if op == "Expand" and ins[1] in consts and not isinstance(consts[ins[1]], list):
+            layers.append(_expand(node, act(ins[0]), out, np.asarray(consts[ins[1]]).reshape(-1).tolist(), shapes))
             continue
         if op in SHAPE_ONLY:
             raise BuildError(f"{_where(node)}: {op} on activations is not supported (only on constant shapes)")
@@ -878,6 +911,34 @@ def _is_silu(node, ins, layers, g) -> bool:
                 and sum(t == ins[j] for t in node.input) == 1:
             return True
     return False
+
+
+def _expand(node, x, out, target, shapes) -> Layer:
+    """Expand of an activation to a constant shape whose batch dim is 1 (the mask of nn.MultiheadAttention,
+    [N, 1, 1, T] repeated over the heads): the activation times ones of the broadcast shape, an elementwise
+    mul that repeats it (x * 1 is x exactly; no gradient reaches a mask input)."""
+    full = (N,) + tuple(shapes[x])
+    rank = max(len(full), len(target))
+    padded_x = (1,) * (rank - len(full)) + full
+    padded_t = (1,) * (rank - len(target)) + tuple(int(d) for d in target)
+    if padded_x[0] != N or padded_t[0] != 1:
+        raise BuildError(f"{_where(node)}: Expand of {list(full)} to {target} repeats the batch axis")
+    out_full = _broadcast_shapes(node, [padded_x, padded_t])
+    per_sample = tuple(int(d) for d in out_full[1:])
+    if len(per_sample) not in (1, 2, 3):
+        raise BuildError(f"{_where(node)}: Expand to a per-sample shape of rank {len(per_sample)} ({list(per_sample)})")
+    if len(shapes[x]) != len(per_sample):
+        x_shape = list(padded_x[1:])
+    else:
+        x_shape = list(shapes[x])
+    if len(x_shape) != len(shapes[x]):
+        raise BuildError(f"{_where(node)}: Expand of {list(full)} to {target} adds axes (broadcasting across ranks "
+                         "is not supported)")
+    ones = [int(d) for d in padded_t[1:]]
+    shapes[out] = per_sample
+    operands = [{"kind": "act", "input": 0, "shape": x_shape},
+                {"kind": "const", "shape": ones, "values": [1.0] * int(np.prod(ones))}]
+    return Layer("mul", node.name, [x], [out], dict(ew.layer_attrs(ew.OPS["mul"], {}), operands=operands))
 
 
 def _broadcast_shapes(node, full: list[tuple]) -> tuple[int, ...]:

@@ -46,6 +46,34 @@ def masked_pool():
     return MaskedPool()
 
 
+class MaskedEncoder(nn.Module):
+    """nn.TransformerEncoderLayer (batch_first) with src_key_padding_mask from the mask input: a bool mask
+    (True where padded, `mask == 0`, which MultiheadAttention makes -inf where True), or with `additive` the
+    float mask `(1 - mask) * -1e4` added as it is; then masked mean pooling and a Linear head. Every
+    parameter is perturbed (none is the zeros or ones of its default init)."""
+
+    def __init__(self, additive=False, classes=5):
+        super().__init__()
+        self.additive = additive
+        self.enc = nn.TransformerEncoderLayer(d_model=FEAT, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(FEAT, classes)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+
+    def forward(self, x, mask):
+        pad = (1 - mask) * -1e4 if self.additive else mask == 0
+        return self.head(masked_mean(self.enc(x, src_key_padding_mask=pad), mask))
+
+
+def masked_encoder():
+    return MaskedEncoder()
+
+
+def additive_masked_encoder():
+    return MaskedEncoder(additive=True)
+
+
 def masks(batch, g):
     """Rows of 1s then 0s: row 0 not padded, row 1 one token, the others random lengths."""
     lengths = torch.randint(1, T + 1, (batch,), generator=g)
@@ -138,6 +166,13 @@ def test_a_two_input_model_imports_with_its_input_names():
     assert g.inputs == ("x", "mask") and g.input == "x" and g.input_shapes == SHAPES
     x, m, _ = data(4, 1, 5)
     assert torch.allclose(IRModule(g)(x, m), module(x, m), atol=1e-6)
+    for factory in (masked_encoder, additive_masked_encoder):
+        module = factory().eval()
+        g = to_ir(export_simplified(module, SHAPES, NAMES), SHAPES)
+        assert torch.allclose(IRModule(g)(x, m), module(x, m), atol=1e-5)
+        # the mask reaches the scores of every head: a broadcast add onto [h, T, T] before the softmax
+        ops = [layer.op for layer in g.layers]
+        assert ("select_eq" in ops) != module.additive and "softmax" in ops, ops
     with pytest.raises(BuildError, match="1 input shape"):
         to_ir(export_simplified(module, SHAPES, NAMES), (T, FEAT))
 
@@ -245,3 +280,22 @@ def test_the_cli_builds_a_two_input_source(tmp_path):
     bad = run_cli("build", "twoin:pool", "--inputs", "x,x", "--input-shape", "7,16;7", "--out", str(tmp_path / "c"),
                   cwd=tmp_path)
     assert bad.returncode == 1 and "names an input twice" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_encoder_layer_with_a_key_padding_mask_forward_and_gradients(web, site, backend):
+    check_forward_and_gradients(web, site, "encoder", masked_encoder, backend, batch=5, seed=2)
+
+
+@pytest.mark.parametrize("backend", ["webgl", "cpu"])
+def test_encoder_layer_with_an_additive_float_mask_forward_and_gradients(web, site, backend):
+    check_forward_and_gradients(web, site, "encoder_additive", additive_masked_encoder, backend, batch=4, seed=3)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_encoder_layer_with_a_key_padding_mask_trains_as_pytorch(web, site, backend):
+    """SGD with momentum, as tests/test_sequence.py trains the encoder: the key projection's bias has a
+    gradient of exactly zero (the softmax cancels it), where both sides compute rounding noise that Adam
+    would scale up to steps of lr."""
+    check_trajectory(web, site, "encoder", masked_encoder, backend, "sgd_momentum_wd", samples=8, batch_size=4,
+                     epochs=2)
