@@ -37,7 +37,10 @@ def architecture_fingerprint(graph: Graph) -> str:
     layers = [[layer.op, layer.attrs, layer.inputs, layer.outputs,
                {role: [n, list(graph.params[n].array.shape)] for role, n in sorted(layer.params.items())}]
               for layer in graph.layers]
-    text = json.dumps({"input": list(graph.input_shape), "output": graph.output, "layers": layers},
+    head = {"input": list(graph.input_shape)}
+    if len(graph.inputs) > 1:  # (a single-input model's fingerprint is as it was before multi-input models)
+        head["inputs"] = [[t, list(graph.shapes[t])] for t in graph.inputs]
+    text = json.dumps({**head, "output": graph.output, "layers": layers},
                       sort_keys=True, separators=(",", ":"), default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -96,6 +99,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         # fromImages (images.js.j2): {mode, mean, std, channels, height, width}, or null: no image input
         "image": image,
     }
+    multi = len(graph.inputs) > 1
+    if multi:  # a multi-input model: predict, fit and features take an object keyed by these names
+        model["inputs"] = input_records(graph, plan)
     crc = int.from_bytes(weights.blob[-4:], "little")  # the blob's last 4 bytes: CRC-32 of the rest
     file = {"name": f"{name}.weights.bin", "bytes": len(weights.blob), "crc32": crc} if weights_file else None
     return {
@@ -122,8 +128,16 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "param_names": [p.name for p in graph.params.values()],
         "kernel_count": len(kernels),
         "has_trunk": model["trunk"] is not None,
+        "multi_input": multi,  # the runtime's code for inputs keyed by name is rendered only then
+        "input_names": list(graph.inputs),
         "has_image": image is not None,  # fromImages' code (images.js.j2) is rendered only then  # the runtime's cached-trunk code is rendered only then
     }
+
+
+def input_records(graph: Graph, plan: LayoutPlan) -> list[dict]:
+    """The model's inputs in order: {name, shape (per sample), size, dtype, texture}."""
+    return [{"name": t, "shape": list(graph.shapes[t]), "size": int(np.prod(graph.shapes[t])), "dtype": "float32",
+             "texture": plan.tensor(t)} for t in graph.inputs]
 
 
 def _trunk(graph: Graph, plan: LayoutPlan) -> dict | None:
@@ -201,6 +215,7 @@ def report(name: str, graph: Graph, plan: LayoutPlan, ctx: dict, files: dict[str
         "name": name,
         "version": VERSION,
         "input_shape": list(graph.input_shape),
+        "inputs": [{k: v for k, v in r.items() if k != "texture"} for r in input_records(graph, plan)],
         "output_shape": list(graph.output_shape),
         "parameters": graph.parameter_count(),
         "layers": layers,

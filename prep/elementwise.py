@@ -177,6 +177,11 @@ UNARY = {e.name: e for e in [
     Elementwise("erf", "Erf", erf(X), (2.0 / math.sqrt(math.pi) * exp(-(X * X)),)),
     # x * sigmoid(x), what nn.SiLU exports as (Sigmoid and Mul of one tensor: prep/graph.py recognises it)
     Elementwise("silu", None, X * sigmoid(X), (sigmoid(X) * (1.0 + X * (1.0 - sigmoid(X))),)),
+    # Where(Equal(x, value), fill, other) of constants (masked_fill: a bool attention mask made additive,
+    # prep/graph.py recognises it); no gradient reaches x. An infinite fill is taken as the largest float
+    Elementwise("select_eq", None,
+                where(X > attr("value"), attr("other"), where(X < attr("value"), attr("other"), attr("fill"))),
+                (const(0.0),), {"value": 0.0, "fill": 0.0, "other": 0.0}),
 ]}
 
 BINARY = {e.name: e for e in [

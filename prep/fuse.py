@@ -28,5 +28,5 @@ def fuse_activations(graph: Graph) -> Graph:
                                                        name=f"{prev.name}+{layer.name}")
             continue
         out.append(layer)
-    shapes = {k: v for k, v in graph.shapes.items() if k == graph.input or any(k in l.outputs for l in out)}
+    shapes = {k: v for k, v in graph.shapes.items() if k in graph.inputs or any(k in l.outputs for l in out)}
     return dataclasses.replace(graph, layers=out, shapes=shapes)

@@ -24,6 +24,7 @@ from .load import PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, 
 from .shape import chain_shape
 
 N = "N"  # the batch dimension in symbolic shape values
+F32_MAX = float(np.finfo(np.float32).max)  # an infinite constant that a kernel bakes in (select_eq's -inf fill)
 
 SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "ConvTranspose", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
@@ -89,28 +90,43 @@ def _window(node, a, shape, kernel, *, allow_dilation: bool):
     return tuple(kernel), strides, (pads[0], pads[1], pads[2], pads[3]), dil
 
 
+def shape_list(input_shape) -> list[tuple[int, ...]] | None:
+    """`input_shape` as one per-sample shape per input: None (none given), one shape (784 or (1, 28, 28):
+    a single input) or a list of shapes (one per input, build --input-shape given once per input)."""
+    if input_shape is None or len(input_shape) == 0:
+        return None
+    if all(isinstance(d, (int, np.integer)) for d in input_shape):
+        return [tuple(int(d) for d in input_shape)]
+    return [tuple(int(d) for d in s) for s in input_shape]
+
+
 def to_ir(model, input_shape=None) -> Graph:
     from onnx import numpy_helper
 
     g = model.graph
     consts: dict[str, object] = dict(initializer_arrays(model))  # name -> np.ndarray | symbolic list
     inputs = [i for i in g.input if i.name not in consts]
-    if len(inputs) != 1 or len(g.output) != 1:
-        raise BuildError(f"the model must have exactly one input and one output "
+    if not inputs or len(g.output) != 1:
+        raise BuildError(f"the model must have at least one input and exactly one output "
                          f"(it has {len(inputs)} inputs and {len(g.output)} outputs)")
+    given = shape_list(input_shape)
+    if given is not None and len(given) != len(inputs):
+        raise BuildError(f"{len(given)} input shape(s) given (--input-shape) for the model's {len(inputs)} inputs "
+                         f"({', '.join(i.name for i in inputs)}): give one per input, in order")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for k, inp in enumerate(inputs):
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim]
+        if given is not None:
+            shape = given[k]
+            if (len(dims) > 1 and len(dims) - 1 != len(shape)) or any(d is not None and d != s for d, s in zip(dims[1:], shape)):
+                raise BuildError(f"--input-shape {shape} does not match the model's input {inp.name!r} of shape {dims}")
+        else:
+            if len(dims) < 2 or any(d is None or d <= 0 for d in dims[1:]):
+                raise BuildError(f"the model's input {inp.name!r} has shape {dims}: the per-sample dims must be "
+                                 "static (give --input-shape)")
+            shape = tuple(dims[1:])
+        shapes[inp.name] = shape
     inp = inputs[0]
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim]
-    if input_shape:
-        shape = tuple(int(d) for d in input_shape)
-        if (len(dims) > 1 and len(dims) - 1 != len(shape)) or any(d is not None and d != s for d, s in zip(dims[1:], shape)):
-            raise BuildError(f"--input-shape {shape} does not match the model's input {inp.name!r} of shape {dims}")
-    else:
-        if len(dims) < 2 or any(d is None or d <= 0 for d in dims[1:]):
-            raise BuildError(f"the model's input {inp.name!r} has shape {dims}: the per-sample dims must be "
-                             "static (give --input-shape)")
-        shape = tuple(dims[1:])
-
-    shapes: dict[str, tuple[int, ...]] = {inp.name: shape}
     alias: dict[str, str] = {}
     layers: list[Layer] = []
     params: dict[str, Param] = {}
@@ -176,6 +192,7 @@ def to_ir(model, input_shape=None) -> Graph:
             lazy[out] = v
 
     forms: dict[tuple[str, str], tuple] = {}
+    equals: dict[str, tuple[str, float]] = {}  # Equal(activation, constant) -> (its IR tensor, the constant)
 
     def materialise(name, form, what, where=""):
         """(IR tensor, its extra) of `name` in `form` (batch_axis: canonical, rows or blocks)."""
@@ -338,14 +355,45 @@ def to_ir(model, input_shape=None) -> Graph:
         if all(x in consts for x in ins if x):
             consts[out] = _fold(node, op, a, [consts[x] if x else None for x in ins])
             continue
+        if op == "Equal" and ins[0] not in consts and ins[1] in consts and np.size(consts[ins[1]]) == 1 \
+                and not isinstance(consts[ins[1]], list):
+            # an activation compared with a constant: only a Where of constants reads it (select_eq)
+            equals[out] = (act(ins[0]), float(np.asarray(consts[ins[1]]).reshape(-1)[0]))
+            continue
+        if op == "Where" and ins[0] in equals:
+            x, value = equals[ins[0]]
+            picked = []
+            for t in ins[1:3]:
+                v = consts.get(t, batch_consts.get(t))
+                vals = None if v is None or isinstance(v, list) else np.unique(np.asarray(v, dtype=np.float64))
+                if vals is None or vals.size != 1:
+                    raise BuildError(f"{_where(node)}: Where of a comparison picks {t!r}, which is not one constant "
+                                     "(a masked_fill by a constant is supported)")
+                picked.append(float(np.clip(vals[0], -F32_MAX, F32_MAX)))
+            layers.append(Layer("select_eq", node.name, [x], [out], {"value": value, "fill": picked[0], "other": picked[1]}))
+            shapes[out] = shapes[x]
+            continue
         if op == "Shape":
-            full = [N] + list(shapes[act(ins[0])])
+            src = alias.get(ins[0], ins[0])
+            if src in equals:
+                src = equals[src][0]
+            if src in lazy:  # a tensor whose batch axis moved: its ONNX shape, the batch "N" where it is alone
+                sizes = lazy[src].sizes()
+                if any(isinstance(d, tuple) and d[1] != 1 for d in sizes):
+                    raise BuildError(f"{_where(node)}: Shape of a tensor whose batch axis is merged with another "
+                                     f"axis (ONNX shape {sizes})")
+                full = [N if isinstance(d, tuple) else d for d in sizes]
+            else:
+                full = [N] + list(shapes[act(src)])
             consts[out] = full[a.get("start", 0):a.get("end", len(full))]
             continue
         if op in ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Gather") and (
                 v := moves_batch(node, op, a, ins)) is not None:
             v.origin = getattr(lazy.get(alias.get(ins[0], ins[0])), "origin", "") or _where(node)
             set_lazy(out, v)
+            continue
+        if op == "Expand" and ins[1] in consts and not isinstance(consts[ins[1]], list):
+            layers.append(_expand(node, act(ins[0]), out, np.asarray(consts[ins[1]]).reshape(-1).tolist(), shapes))
             continue
         if op in SHAPE_ONLY:
             raise BuildError(f"{_where(node)}: {op} on activations is not supported (only on constant shapes)")
@@ -744,12 +792,12 @@ def to_ir(model, input_shape=None) -> Graph:
         output = act(output)
     if output in twin_2d:
         output = act(output)
-    if output not in shapes or output == inp.name:
+    if output not in shapes or output in {i.name for i in inputs}:
         raise BuildError(f"the model output {g.output[0].name!r} is not computed by any supported layer")
     layers = onnx_shape.compose_gathers(layers, output, shapes)
     order = [i.name for i in g.initializer]
     ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[0].split("@")[0]), kv[0])))
-    return Graph(inp.name, output, shapes, layers, ordered)
+    return Graph(inp.name, output, shapes, layers, ordered, inputs=tuple(i.name for i in inputs))
 
 
 def _dense(node, x, w: Param, shapes) -> Layer:
@@ -882,6 +930,34 @@ def _is_silu(node, ins, layers, g) -> bool:
                 and sum(t == ins[j] for t in node.input) == 1:
             return True
     return False
+
+
+def _expand(node, x, out, target, shapes) -> Layer:
+    """Expand of an activation to a constant shape whose batch dim is 1 (the mask of nn.MultiheadAttention,
+    [N, 1, 1, T] repeated over the heads): the activation times ones of the broadcast shape, an elementwise
+    mul that repeats it (x * 1 is x exactly; no gradient reaches a mask input)."""
+    full = (N,) + tuple(shapes[x])
+    rank = max(len(full), len(target))
+    padded_x = (1,) * (rank - len(full)) + full
+    padded_t = (1,) * (rank - len(target)) + tuple(int(d) for d in target)
+    if padded_x[0] != N or padded_t[0] != 1:
+        raise BuildError(f"{_where(node)}: Expand of {list(full)} to {target} repeats the batch axis")
+    out_full = _broadcast_shapes(node, [padded_x, padded_t])
+    per_sample = tuple(int(d) for d in out_full[1:])
+    if len(per_sample) not in (1, 2, 3):
+        raise BuildError(f"{_where(node)}: Expand to a per-sample shape of rank {len(per_sample)} ({list(per_sample)})")
+    if len(shapes[x]) != len(per_sample):
+        x_shape = list(padded_x[1:])
+    else:
+        x_shape = list(shapes[x])
+    if len(x_shape) != len(shapes[x]):
+        raise BuildError(f"{_where(node)}: Expand of {list(full)} to {target} adds axes (broadcasting across ranks "
+                         "is not supported)")
+    ones = [int(d) for d in padded_t[1:]]
+    shapes[out] = per_sample
+    operands = [{"kind": "act", "input": 0, "shape": x_shape},
+                {"kind": "const", "shape": ones, "values": [1.0] * int(np.prod(ones))}]
+    return Layer("mul", node.name, [x], [out], dict(ew.layer_attrs(ew.OPS["mul"], {}), operands=operands))
 
 
 def _broadcast_shapes(node, full: list[tuple]) -> tuple[int, ...]:

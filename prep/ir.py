@@ -100,7 +100,7 @@ class Layer:
 
 @dataclass
 class Graph:
-    input: str
+    input: str  # the first input (all a single-input model has)
     output: str
     shapes: dict[str, tuple[int, ...]]  # tensor name -> per-sample shape
     layers: list[Layer]
@@ -108,10 +108,21 @@ class Graph:
     # the parameters that train (build --trainable); None: all of them. The others are frozen: shipped as
     # they are, with no gradient, no optimizer state and no pass that would need one
     trainable: frozenset[str] | None = None
+    # every input, in the order the model takes them (build --inputs; an ONNX file's declared order): the
+    # first is `input`. () means (input,)
+    inputs: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        self.inputs = tuple(self.inputs) or (self.input,)
+        assert self.inputs[0] == self.input, (self.inputs, self.input)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return self.shapes[self.input]
+
+    @property
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        return [self.shapes[t] for t in self.inputs]
 
     @property
     def output_shape(self) -> tuple[int, ...]:

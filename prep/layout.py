@@ -379,7 +379,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     if graph.loss_input() != graph.output:  # the loss reads the logits before the softmax: no gradient after them
         needs.discard(graph.output)
     act_alias: dict[str, str] = {}
-    per_sample("act:" + graph.input, "activation", graph.input)
+    for tensor in graph.inputs:
+        per_sample("act:" + tensor, "activation", tensor)
     for layer in graph.layers:
         out = layer.outputs[0]
         if flattens_in_place(layer, graph):  # same texels: share the texture

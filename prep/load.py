@@ -33,13 +33,17 @@ class BuildError(Exception):
 
 
 def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
-              trust_pickle: bool = False):
-    """Return (simplified onnx.ModelProto, per-sample input shape or None)."""
+              trust_pickle: bool = False, inputs=None):
+    """Return the simplified onnx.ModelProto. `inputs`: the names of a PyTorch source's inputs, in the
+    order its forward takes them (build --inputs; default one input named "input"); `input_shape` then
+    one per-sample shape per input (a list of shapes; one shape for a single input)."""
     import onnx
 
+    if inputs and source.endswith(".onnx") and os.path.exists(source):
+        raise BuildError("--inputs is for PyTorch sources; an ONNX file declares its inputs")
     if ":" in source and not os.path.exists(source):
         module = _module_from_factory(source, weights)
-        return export_simplified(module, _need_shape(input_shape, source))
+        return export_simplified(module, _need_shape(input_shape, source, inputs), inputs)
     if not os.path.exists(source):
         raise BuildError(f"source not found: {source}")
     if source.endswith(".onnx"):
@@ -53,13 +57,13 @@ def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
     module = _module_from_file(source, trust_pickle)
     if weights:
         _load_state_dict(module, weights)
-    return export_simplified(module, _need_shape(input_shape, source))
+    return export_simplified(module, _need_shape(input_shape, source, inputs), inputs)
 
 
-def export_simplified(module, input_shape):
+def export_simplified(module, input_shape, inputs=None):
     """Export, simplify, and give folded weights back their state_dict names."""
     state = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
-    model = restore_state_dict_names(simplify(export_module(module, input_shape)), state)
+    model = restore_state_dict_names(simplify(export_module(module, input_shape, inputs)), state)
     _set_meta(model, PARAMETERS_KEY, sorted(n for n, _ in module.named_parameters()))
     return model
 
@@ -75,11 +79,33 @@ def _set_meta(model, key: str, value) -> None:
     prop.key, prop.value = key, json.dumps(value)
 
 
-def _need_shape(input_shape, source):
-    if not input_shape:
+def _need_shape(input_shape, source, inputs=None):
+    """One per-sample shape (a single input) or, with `inputs`, a list of one per input."""
+    from .graph import shape_list
+
+    shapes = shape_list(input_shape)
+    if not shapes:
         raise BuildError(f"--input-shape is needed for the PyTorch source {source} "
-                         "(the per-sample shape without batch, e.g. 784 or 1,28,28)")
-    return tuple(int(d) for d in input_shape)
+                         "(the per-sample shape without batch, e.g. 784 or 1,28,28"
+                         + (", once per input of --inputs)" if inputs else ")"))
+    names = check_input_names(inputs) if inputs else ["input"]
+    if len(shapes) != len(names):
+        raise BuildError(f"{len(shapes)} input shape(s) (--input-shape) for {len(names)} input(s) "
+                         f"({', '.join(names)}): give --input-shape once per input, in the order of --inputs")
+    return shapes[0] if not inputs else shapes
+
+
+def check_input_names(inputs) -> list[str]:
+    """--inputs: distinct names (letters, digits, '_'; not starting with a digit)."""
+    names = [n.strip() for n in (inputs.split(",") if isinstance(inputs, str) else inputs)]
+    for n in names:
+        if not n or not (n.replace("_", "a").isalnum() and n.isascii()) or n[0].isdigit():
+            raise BuildError(f"--inputs: {n!r} is not an input name (letters, digits and '_', not starting with a digit)")
+    if len(set(names)) != len(names):
+        raise BuildError(f"--inputs names an input twice: {', '.join(names)}")
+    if "output" in names:
+        raise BuildError("--inputs: 'output' is the name of the model's output")
+    return names
 
 
 def _module_from_factory(spec: str, weights: str | None):
@@ -155,8 +181,10 @@ def _is_torchscript(path: str) -> bool:
         return any(n.endswith("/constants.pkl") or n.startswith("code/") or "/code/" in n for n in z.namelist())
 
 
-def export_module(module, input_shape: tuple[int, ...]):
-    """Export an nn.Module (or ScriptModule) to ONNX with a dynamic batch dimension."""
+def export_module(module, input_shape, inputs=None):
+    """Export an nn.Module (or ScriptModule) to ONNX with a dynamic batch dimension. `inputs`: the names of
+    its inputs (its forward takes them positionally), `input_shape` then a list of one shape per input;
+    by default one input, "input", of shape `input_shape`."""
     import onnx
     import torch
 
@@ -167,7 +195,10 @@ def export_module(module, input_shape: tuple[int, ...]):
         if isinstance(module, torch.nn.Module) and not isinstance(module, torch.jit.ScriptModule) else []
     for m in dropouts:
         m.train()
-    example = torch.zeros((2,) + tuple(input_shape), dtype=torch.float32)
+    names = check_input_names(inputs) if inputs else ["input"]
+    shapes = [tuple(s) for s in input_shape] if inputs else [tuple(input_shape)]
+    examples = tuple(torch.zeros((2,) + s, dtype=torch.float32) for s in shapes)
+    shown = tuple(input_shape) if not inputs else "; ".join(str(s) for s in shapes)
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -176,14 +207,14 @@ def export_module(module, input_shape: tuple[int, ...]):
             # (two zero-initialised biases become one). PRESERVE (with the module in eval mode)
             # keeps BatchNormalization nodes, so prep.fold folds them under the conv's names.
             torch.onnx.export(
-                module, (example,), buf, dynamo=False, opset_version=OPSET,
-                input_names=["input"], output_names=["output"],
-                dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+                module, examples, buf, dynamo=False, opset_version=OPSET,
+                input_names=names, output_names=["output"],
+                dynamic_axes={**{n: {0: "batch"} for n in names}, "output": {0: "batch"}},
                 do_constant_folding=True, keep_initializers_as_inputs=True,
                 training=torch.onnx.TrainingMode.PRESERVE,
             )
         except Exception as e:
-            raise BuildError(f"ONNX export failed for input shape {tuple(input_shape)}: "
+            raise BuildError(f"ONNX export failed for input shape {shown}: "
                              f"{' '.join(str(e).split())[:400]}") from None
         finally:
             for m in dropouts:

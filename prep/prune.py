@@ -178,8 +178,8 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
     if not isinstance(round_to, int) or round_to < 1:
         raise BuildError(f"round_to must be a positive integer, got {round_to!r}")
     gs = _Groups()
-    shape = graph.input_shape
-    axes: dict[str, tuple[Seg, ...]] = {graph.input: (Seg(gs.new(shape[0], reason="model input"), shape[0], 1),)}
+    axes: dict[str, tuple[Seg, ...]] = {t: (Seg(gs.new(graph.shapes[t][0], reason="model input"), graph.shapes[t][0], 1),)
+                                        for t in graph.inputs}
     for layer in graph.layers:
         x = axes[layer.inputs[0]]
         out = layer.outputs[0]

@@ -51,9 +51,11 @@ class IRModule(nn.Module):
         n = layer.params.get(role)
         return None if n is None else self.p[key(n)]
 
-    def forward(self, x):
+    def forward(self, *xs):
+        """One tensor per input of the graph (Graph.inputs), in order."""
         g = self.graph
-        env = {g.input: x}
+        assert len(xs) == len(g.inputs), f"{len(xs)} tensors for the inputs {g.inputs}"
+        env = dict(zip(g.inputs, xs))
         for layer in g.layers:
             ins = [env[t] for t in layer.inputs]
             y = self._layer(layer, ins)
@@ -266,7 +268,9 @@ def export_onnx(graph: Graph):
 
     from .load import TRANSPOSED_KEY, export_simplified
 
-    model = export_simplified(IRModule(graph).eval(), graph.input_shape)
+    multi = len(graph.inputs) > 1
+    model = export_simplified(IRModule(graph).eval(), graph.input_shapes if multi else graph.input_shape,
+                              list(graph.inputs) if multi else None)
     renames = {PREFIX + key(n): n for n in graph.params}
     g = model.graph
     for init in g.initializer:

@@ -86,6 +86,13 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     if weights_file not in (None, True, False):
         raise BuildError(f"weights_file must be True, False or None, got {weights_file!r}")
     imported = to_ir(model, input_shape)
+    if len(imported.inputs) > 1:
+        if input_normalize != "none":
+            raise BuildError(f"--input-normalize is for a model with one image input; this one has "
+                             f"{len(imported.inputs)} inputs ({', '.join(imported.inputs)})")
+        if eval_data is not None or finetune_data is not None:
+            raise BuildError("--eval-data and --finetune-data hold one array x: they are not supported yet for a "
+                             f"model with several inputs ({', '.join(imported.inputs)})")
     image = image_input(imported.input_shape, input_normalize)
     full = fold_batchnorm(imported)
     if not full.params:
@@ -257,8 +264,9 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
           prune: float = DEFAULT_PRUNE, round_channels: bool = True, finetune_epochs: int = 0,
           finetune_data: str | None = None, finetune_lr: float = FINETUNE_LR, eval_data: str | None = None,
           trust_pickle: bool = False, progress: bool = False, trainable: str = "*", input_normalize: str = "none",
-          weights_file: bool | None = None) -> BuildResult:
-    result = compile_source(source, name=name, weights=weights, input_shape=input_shape, max_batch=max_batch,
+          weights_file: bool | None = None, inputs=None) -> BuildResult:
+    """`inputs`: the input names of a PyTorch source with several (--inputs), `input_shape` then one shape per input."""
+    result = compile_source(source, name=name, weights=weights, input_shape=input_shape, inputs=inputs, max_batch=max_batch,
                             loss=loss, quantize=quantize, prune=prune, round_channels=round_channels,
                             finetune_epochs=finetune_epochs, finetune_data=finetune_data, finetune_lr=finetune_lr,
                             eval_data=eval_data, trust_pickle=trust_pickle, progress=progress, trainable=trainable,
@@ -269,7 +277,7 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
 
 def compile_source(source: str, *, name: str | None = None, weights: str | None = None, input_shape=None,
                    trust_pickle: bool = False, finetune_data: str | None = None, eval_data: str | None = None,
-                   **options) -> BuildResult:
+                   inputs=None, **options) -> BuildResult:
     """Load a source (and the data files named), and compile it; writes nothing."""
     from texelfit.examples import KNOWN_SOURCES
 
@@ -284,13 +292,13 @@ def compile_source(source: str, *, name: str | None = None, weights: str | None 
     if known and input_shape is None:
         input_shape = known
     train = evaluate = None
-    if known and tuple(input_shape) == tuple(known):
+    if known and not inputs and tuple(input_shape) == tuple(known):
         train, evaluate = digits_data(known)
     if finetune_data:
         train = load_data(finetune_data, "--finetune-data")
     if eval_data:
         evaluate = load_data(eval_data, "--eval-data")
-    model = load_onnx(source, weights=weights, input_shape=input_shape, trust_pickle=trust_pickle)
+    model = load_onnx(source, weights=weights, input_shape=input_shape, trust_pickle=trust_pickle, inputs=inputs)
     if not options.get("finetune_epochs"):
         train = None
     return compile_onnx(model, name=name, input_shape=input_shape, finetune_data=train, eval_data=evaluate,

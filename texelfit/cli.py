@@ -26,6 +26,24 @@ def _shape(text: str):
     return dims
 
 
+def _shapes(text: str):
+    """One --input-shape value: a shape, or several separated by ';' (one per input of --inputs)."""
+    return [_shape(part) for part in text.split(";")]
+
+
+def _input_shape(args):
+    """--input-shape as build takes it: None, one shape (a single input), or with --inputs a list of one
+    shape per input (--input-shape given once per input, or once with the shapes separated by ';')."""
+    if not args.input_shape:
+        return None
+    shapes = [s for group in args.input_shape for s in group]
+    if getattr(args, "inputs", None):
+        return shapes
+    if len(shapes) != 1:
+        raise BuildError(f"{len(shapes)} input shapes (--input-shape) for one input: name the inputs with --inputs")
+    return shapes[0]
+
+
 def _ratio(text: str) -> float:
     try:
         r = float(text)
@@ -79,7 +97,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _model_options(b, *, sweep=False):
     b.add_argument("--weights", help="state_dict for a package.module:Attr source (loaded with weights_only=True)")
-    b.add_argument("--input-shape", type=_shape, help="per-sample input shape without batch, e.g. 784 or 1,28,28")
+    b.add_argument("--input-shape", type=_shapes, action="append",
+                   help="per-sample input shape without batch, e.g. 784 or 1,28,28; with --inputs one per input, in "
+                        "order: --input-shape 128 --input-shape 128 (or '128;128')")
+    b.add_argument("--inputs", metavar="NAMES",
+                   help="a PyTorch source with several inputs: their names, comma-separated, in the order its forward "
+                        "takes them (e.g. input_ids,attention_mask); predict and fit then take an object keyed by "
+                        "these names. An ONNX file declares its inputs")
     b.add_argument("--max-batch", type=_count(1), default=64, help="largest batch predict and fit accept (default 64)")
     b.add_argument("--loss", choices=["cross_entropy", "mse"], default="cross_entropy")
     b.add_argument("--quantize", choices=["fp16", "int8", "none"], default="none",
@@ -152,7 +176,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the architecture: as for build, or the NAME.onnx written beside a pruned bundle")
     i.add_argument("--out", required=True, help="PATH.pt (a state_dict) or PATH.onnx")
     i.add_argument("--weights", help="state_dict for a package.module:Attr source")
-    i.add_argument("--input-shape", type=_shape, help="per-sample input shape, for PyTorch sources")
+    i.add_argument("--input-shape", type=_shapes, action="append",
+                   help="per-sample input shape, for PyTorch sources (with --inputs one per input)")
+    i.add_argument("--inputs", metavar="NAMES", help="the input names of a PyTorch source with several inputs")
     i.add_argument("--trust-pickle", action="store_true")
     i.add_argument("--partial", action="store_true",
                    help="FILE may hold only some tensors (e.g. the photo demo's trained head); the others come from SOURCE")
@@ -169,7 +195,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _options(args) -> dict:
-    return dict(weights=args.weights, input_shape=args.input_shape, max_batch=args.max_batch, loss=args.loss,
+    return dict(weights=args.weights, input_shape=_input_shape(args), inputs=args.inputs, max_batch=args.max_batch, loss=args.loss,
                 quantize=args.quantize, round_channels=args.round_channels, finetune_epochs=args.finetune_epochs,
                 finetune_data=args.finetune_data, finetune_lr=args.finetune_lr, eval_data=args.eval_data,
                 trust_pickle=args.trust_pickle, progress=True)
@@ -278,7 +304,7 @@ def main(argv=None) -> int:
         elif args.command == "import-weights":
             from texelfit.importer import import_weights
 
-            graph = import_weights(args.file, args.source, args.out, input_shape=args.input_shape,
+            graph = import_weights(args.file, args.source, args.out, input_shape=_input_shape(args), inputs=args.inputs,
                                    weights=args.weights, trust_pickle=args.trust_pickle, partial=args.partial)
             print(f"texelfit: wrote {args.out}: {len(graph.params)} tensors, {graph.parameter_count()} parameters")
     except BuildError as e:
