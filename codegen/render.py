@@ -37,7 +37,8 @@ def architecture_fingerprint(graph: Graph) -> str:
     layers = [[layer.op, layer.attrs, layer.inputs, layer.outputs,
                {role: [n, list(graph.params[n].array.shape)] for role, n in sorted(layer.params.items())}]
               for layer in graph.layers]
-    text = json.dumps({"input": list(graph.input_shape), "output": graph.output, "layers": layers},
+    text = json.dumps({"input": list(graph.input_shape), "output": graph.output, "layers": layers,
+                       **({"dtypes": graph.dtypes} if graph.dtypes else {})},
                       sort_keys=True, separators=(",", ":"), default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -95,6 +96,10 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "trunk": _trunk(graph, plan),
         # fromImages (images.js.j2): {mode, mean, std, channels, height, width}, or null: no image input
         "image": image,
+        # an integer input (token ids): its dtype and the ids it may hold, [0, idRange) (the smallest embedding
+        # table reading it; 2^24, where floats stop being exact, when none does); absent for a float32 input
+        **({"inputName": graph.input, "inputDtype": graph.input_dtype, "idRange": graph.id_range(graph.input) or 1 << 24}
+           if graph.input_dtype != "float32" else {}),
     }
     crc = int.from_bytes(weights.blob[-4:], "little")  # the blob's last 4 bytes: CRC-32 of the rest
     file = {"name": f"{name}.weights.bin", "bytes": len(weights.blob), "crc32": crc} if weights_file else None
@@ -122,7 +127,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "param_names": [p.name for p in graph.params.values()],
         "kernel_count": len(kernels),
         "has_trunk": model["trunk"] is not None,
-        "has_image": image is not None,  # fromImages' code (images.js.j2) is rendered only then  # the runtime's cached-trunk code is rendered only then
+        "has_image": image is not None,
+        "int_input": graph.input_dtype != "float32",  # token ids: toIds and checkIds (model.js.j2) are rendered only then  # fromImages' code (images.js.j2) is rendered only then  # the runtime's cached-trunk code is rendered only then
     }
 
 

@@ -26,6 +26,9 @@ import zipfile
 import numpy as np
 
 OPSET = 17
+# the element types an input may have (build --input-dtype): float32 values, or integer token ids (an
+# nn.Embedding's input), which the bundle takes as an Int32Array and stores as exact floats (ids < 2^24)
+INPUT_DTYPES = ("float32", "int64", "int32")
 
 
 class BuildError(Exception):
@@ -33,13 +36,15 @@ class BuildError(Exception):
 
 
 def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
-              trust_pickle: bool = False):
-    """Return (simplified onnx.ModelProto, per-sample input shape or None)."""
+              trust_pickle: bool = False, input_dtype: str | None = None):
+    """Return (simplified onnx.ModelProto, per-sample input shape or None). `input_dtype`: the element
+    type of the example a PyTorch source is exported with (INPUT_DTYPES; float32 when None); an ONNX
+    file declares its own (prep.graph checks that it is the one given)."""
     import onnx
 
     if ":" in source and not os.path.exists(source):
         module = _module_from_factory(source, weights)
-        return export_simplified(module, _need_shape(input_shape, source))
+        return export_simplified(module, _need_shape(input_shape, source), input_dtype or "float32")
     if not os.path.exists(source):
         raise BuildError(f"source not found: {source}")
     if source.endswith(".onnx"):
@@ -53,15 +58,29 @@ def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
     module = _module_from_file(source, trust_pickle)
     if weights:
         _load_state_dict(module, weights)
-    return export_simplified(module, _need_shape(input_shape, source))
+    return export_simplified(module, _need_shape(input_shape, source), input_dtype or "float32")
 
 
-def export_simplified(module, input_shape):
+def export_simplified(module, input_shape, input_dtype: str = "float32"):
     """Export, simplify, and give folded weights back their state_dict names."""
     state = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
-    model = restore_state_dict_names(simplify(export_module(module, input_shape)), state)
+    model = restore_state_dict_names(simplify(export_module(module, input_shape, input_dtype)), state)
     _set_meta(model, PARAMETERS_KEY, sorted(n for n, _ in module.named_parameters()))
+    padding = _padding_indices(module)
+    if padding:
+        _set_meta(model, PADDING_IDX_KEY, padding)
     return model
+
+
+def _padding_indices(module) -> dict[str, int]:
+    """{state_dict name of the table: padding_idx} of the nn.Embedding modules that have one: the ONNX
+    export drops it (a Gather is all that is left), and PyTorch gives that row no gradient."""
+    import torch
+
+    if not isinstance(module, torch.nn.Module) or isinstance(module, torch.jit.ScriptModule):
+        return {}
+    return {f"{name}.weight" if name else "weight": int(m.padding_idx) for name, m in module.named_modules()
+            if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None}
 
 
 def _set_meta(model, key: str, value) -> None:
@@ -155,8 +174,9 @@ def _is_torchscript(path: str) -> bool:
         return any(n.endswith("/constants.pkl") or n.startswith("code/") or "/code/" in n for n in z.namelist())
 
 
-def export_module(module, input_shape: tuple[int, ...]):
-    """Export an nn.Module (or ScriptModule) to ONNX with a dynamic batch dimension."""
+def export_module(module, input_shape: tuple[int, ...], input_dtype: str = "float32"):
+    """Export an nn.Module (or ScriptModule) to ONNX with a dynamic batch dimension, from an example of
+    zeros of `input_dtype` (zeros are valid token ids too)."""
     import onnx
     import torch
 
@@ -167,7 +187,9 @@ def export_module(module, input_shape: tuple[int, ...]):
         if isinstance(module, torch.nn.Module) and not isinstance(module, torch.jit.ScriptModule) else []
     for m in dropouts:
         m.train()
-    example = torch.zeros((2,) + tuple(input_shape), dtype=torch.float32)
+    if input_dtype not in INPUT_DTYPES:
+        raise BuildError(f"--input-dtype must be one of {', '.join(INPUT_DTYPES)}, got {input_dtype!r}")
+    example = torch.zeros((2,) + tuple(input_shape), dtype=getattr(torch, input_dtype))
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -183,8 +205,10 @@ def export_module(module, input_shape: tuple[int, ...]):
                 training=torch.onnx.TrainingMode.PRESERVE,
             )
         except Exception as e:
+            hint = "; token ids (an nn.Embedding's input) need --input-dtype int64" if input_dtype == "float32" and \
+                "scalar types: Long, Int" in str(e) else ""
             raise BuildError(f"ONNX export failed for input shape {tuple(input_shape)}: "
-                             f"{' '.join(str(e).split())[:400]}") from None
+                             f"{' '.join(str(e).split())[:400]}{hint}") from None
         finally:
             for m in dropouts:
                 m.eval()
@@ -240,6 +264,8 @@ PARAMETERS_KEY = "texelfit.parameters"
 # Initializers that hold their state_dict tensor in another shape of the same values (a PReLU slope
 # [C] exported as [C, 1, 1]): name -> the state_dict shape, which getWeights reports
 STATE_SHAPES_KEY = "texelfit.state_shapes"
+# {table's state_dict name: padding_idx} of the model's nn.Embedding modules (export_simplified)
+PADDING_IDX_KEY = "texelfit.padding_idx"
 
 
 def restore_state_dict_names(model, state: dict[str, np.ndarray]):

@@ -132,6 +132,8 @@ class IRModule(nn.Module):
             w, b = self.param(layer, "weight"), self.param(layer, "bias")
             y = x @ w if self.graph.params[layer.params["weight"]].transposed else x @ w.T
             return y + b if b is not None else y
+        if op == "embedding":  # ids (as integers or exact floats) -> rows of the table
+            return F.embedding(x.long(), self.param(layer, "weight"), padding_idx=a.get("padding_idx"))
         if op == "layernorm":
             return F.layer_norm(x, (x.shape[-1],), self.param(layer, "weight"), self.param(layer, "bias"), a["eps"])
         dim = -1 if x.dim() == 3 else 1  # tokens (R, F): over the features; else the channels (classes)
@@ -266,7 +268,7 @@ def export_onnx(graph: Graph):
 
     from .load import TRANSPOSED_KEY, export_simplified
 
-    model = export_simplified(IRModule(graph).eval(), graph.input_shape)
+    model = export_simplified(IRModule(graph).eval(), graph.input_shape, graph.input_dtype)
     renames = {PREFIX + key(n): n for n in graph.params}
     g = model.graph
     for init in g.initializer:

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from texelfit.prep.load import BuildError
+from texelfit.prep.load import INPUT_DTYPES, BuildError
 
 DEFAULT_SOURCE = "texelfit.examples:digits_cnn"  # texelfit.examples.DEFAULT_SOURCE (not imported: torch is slow)
 DEFAULT_CHECKPOINT = os.path.join("dist", "digits_cnn.pt")  # texelfit.train.DEFAULT_CHECKPOINT
@@ -80,6 +80,9 @@ class _Parser(argparse.ArgumentParser):
 def _model_options(b, *, sweep=False):
     b.add_argument("--weights", help="state_dict for a package.module:Attr source (loaded with weights_only=True)")
     b.add_argument("--input-shape", type=_shape, help="per-sample input shape without batch, e.g. 784 or 1,28,28")
+    b.add_argument("--input-dtype", choices=list(INPUT_DTYPES), default=None,
+                   help="element type of the input: float32, or int64 / int32 token ids (an nn.Embedding's input); "
+                        "default: float32 for PyTorch sources, what an ONNX file declares")
     b.add_argument("--max-batch", type=_count(1), default=64, help="largest batch predict and fit accept (default 64)")
     b.add_argument("--loss", choices=["cross_entropy", "mse"], default="cross_entropy")
     b.add_argument("--quantize", choices=["fp16", "int8", "none"], default="none",
@@ -169,7 +172,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _options(args) -> dict:
-    return dict(weights=args.weights, input_shape=args.input_shape, max_batch=args.max_batch, loss=args.loss,
+    return dict(weights=args.weights, input_shape=args.input_shape, input_dtype=args.input_dtype,
+                max_batch=args.max_batch, loss=args.loss,
                 quantize=args.quantize, round_channels=args.round_channels, finetune_epochs=args.finetune_epochs,
                 finetune_data=args.finetune_data, finetune_lr=args.finetune_lr, eval_data=args.eval_data,
                 trust_pickle=args.trust_pickle, progress=True)
