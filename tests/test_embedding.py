@@ -251,3 +251,40 @@ def test_a_big_table_builds_within_the_texture_limits():
     assert (spec.width, spec.height) == (96, 30522) and not spec.double  # frozen: one texture
     assert "pgrad:emb.weight" not in res.plan.textures
     assert "embedding_grad_weight" not in res.files["m.js"]  # neither the kernel nor its CPU twin
+
+
+# ---- the types -----------------------------------------------------------------------------------
+
+IDS_USAGE = """
+import { createModel, type Ids } from "./bag.js";
+async function main(): Promise<void> {
+  const m = await createModel({ backend: "cpu" });
+  const ids: Ids = Int32Array.from([1, 2, 3, 4, 5, 6, 7]);
+  await m.predict(ids, 1);
+  await m.predict([1, 2, 3, 4, 5, 6, 7], 1);
+  await m.fit(new Int32Array(14), Int32Array.from([0, 1]), { epochs: 1 });
+  await m.gradients(ids, Int32Array.from([0]));
+  await m.features(ids, 1);
+  WRONG
+}
+main();
+"""
+
+
+def test_the_types_take_ids(tmp_path):
+    import os
+    import subprocess
+
+    from texelfit.build import write_files
+
+    tsc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "node_modules", ".bin", "tsc")
+    torch.manual_seed(0)
+    write_files(str(tmp_path), compile_onnx(export_simplified(bag(), (T,), "int64"), name="bag", input_shape=(T,),
+                                            trainable="head.*").files)
+    flags = ["--strict", "--noEmit", "--target", "ES2022", "--module", "ES2022", "--moduleResolution", "bundler",
+             "--lib", "ES2022,DOM", "usage.ts"]
+    # one run: every call type-checks but the one wrong call (strings are not ids), line 11
+    (tmp_path / "usage.ts").write_text(IDS_USAGE.replace("WRONG", 'await m.predict(["1"], 1);'))
+    r = subprocess.run([tsc, *flags], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    errors = [line for line in r.stdout.splitlines() if "error TS" in line]
+    assert len(errors) == 1 and errors[0].startswith("usage.ts(11,"), r.stdout + r.stderr
