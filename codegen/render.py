@@ -40,7 +40,8 @@ def architecture_fingerprint(graph: Graph) -> str:
     head = {"input": list(graph.input_shape)}
     if len(graph.inputs) > 1:  # (a single-input model's fingerprint is as it was before multi-input models)
         head["inputs"] = [[t, list(graph.shapes[t])] for t in graph.inputs]
-    text = json.dumps({**head, "output": graph.output, "layers": layers},
+    text = json.dumps({**head, "output": graph.output, "layers": layers,
+                       **({"dtypes": graph.dtypes} if graph.dtypes else {})},
                       sort_keys=True, separators=(",", ":"), default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -98,6 +99,10 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "trunk": _trunk(graph, plan),
         # fromImages (images.js.j2): {mode, mean, std, channels, height, width}, or null: no image input
         "image": image,
+        # an integer input (token ids): its dtype and the ids it may hold, [0, idRange) (the smallest embedding
+        # table reading it; 2^24, where floats stop being exact, when none does); absent for a float32 input
+        **({"inputName": graph.input, "inputDtype": graph.input_dtype, "idRange": graph.id_range(graph.input) or 1 << 24}
+           if graph.input_dtype != "float32" else {}),
     }
     multi = len(graph.inputs) > 1
     if multi:  # a multi-input model: predict, fit and features take an object keyed by these names
@@ -130,14 +135,21 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "has_trunk": model["trunk"] is not None,
         "multi_input": multi,  # the runtime's code for inputs keyed by name is rendered only then
         "input_names": list(graph.inputs),
-        "has_image": image is not None,  # fromImages' code (images.js.j2) is rendered only then  # the runtime's cached-trunk code is rendered only then
+        "input_dtypes": [graph.dtype(t) for t in graph.inputs],
+        "has_image": image is not None,  # fromImages' code (images.js.j2) is rendered only then
+        # token ids: toIds and checkIds (model.js.j2) are rendered only then
+        "int_input": any(graph.dtype(t) != "float32" for t in graph.inputs),
+        # the textures of integer inputs: kept float32 in the float16 tier (ids must stay exact)
+        "int_textures_json": _js_json([plan.tensor(t) for t in graph.inputs if graph.dtype(t) != "float32"]),
     }
 
 
 def input_records(graph: Graph, plan: LayoutPlan) -> list[dict]:
-    """The model's inputs in order: {name, shape (per sample), size, dtype, texture}."""
-    return [{"name": t, "shape": list(graph.shapes[t]), "size": int(np.prod(graph.shapes[t])), "dtype": "float32",
-             "texture": plan.tensor(t)} for t in graph.inputs]
+    """The model's inputs in order: {name, shape (per sample), size, dtype, texture, and for token ids
+    idRange: the ids they may hold, [0, idRange)}."""
+    return [{"name": t, "shape": list(graph.shapes[t]), "size": int(np.prod(graph.shapes[t])), "dtype": graph.dtype(t),
+             "texture": plan.tensor(t),
+             **({"idRange": graph.id_range(t) or 1 << 24} if graph.dtype(t) != "float32" else {})} for t in graph.inputs]
 
 
 def _trunk(graph: Graph, plan: LayoutPlan) -> dict | None:

@@ -20,7 +20,8 @@ from . import elementwise as ew
 from .elementwise import BY_ONNX
 from .ir import Graph, Layer, Param
 from . import onnx_shape, resample
-from .load import PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, initializer_arrays
+from .load import INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, \
+    initializer_arrays
 from .shape import chain_shape
 
 N = "N"  # the batch dimension in symbolic shape values
@@ -100,7 +101,29 @@ def shape_list(input_shape) -> list[tuple[int, ...]] | None:
     return [tuple(int(d) for d in s) for s in input_shape]
 
 
-def to_ir(model, input_shape=None) -> Graph:
+# ONNX element types of an input (TensorProto.DataType) -> prep/load.py: INPUT_DTYPES
+_ONNX_DTYPES = {1: "float32", 7: "int64", 6: "int32"}
+_ONNX_TYPE_NAMES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+                    9: "bool", 10: "float16", 11: "float64", 16: "bfloat16"}
+
+
+def input_dtype_of(inp, given: str | None = None) -> str:
+    """The INPUT_DTYPES name of an ONNX graph input's element type; `given` (build --input-dtype) must agree."""
+    elem = inp.type.tensor_type.elem_type
+    if elem not in _ONNX_DTYPES:
+        raise BuildError(f"the model's input {inp.name!r} is of type {_ONNX_TYPE_NAMES.get(elem, elem)}: "
+                         f"inputs of type {', '.join(INPUT_DTYPES)} are supported")
+    dtype = _ONNX_DTYPES[elem]
+    if given is not None and given != dtype:
+        if given not in INPUT_DTYPES:
+            raise BuildError(f"--input-dtype must be one of {', '.join(INPUT_DTYPES)}, got {given!r}")
+        raise BuildError(f"--input-dtype {given} does not match the model's input {inp.name!r}, which is {dtype}")
+    return dtype
+
+
+def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
+    """`input_dtype`: build --input-dtype, one for every input or a list of one per input (None: what the
+    ONNX file declares)."""
     from onnx import numpy_helper
 
     g = model.graph
@@ -127,6 +150,13 @@ def to_ir(model, input_shape=None) -> Graph:
             shape = tuple(dims[1:])
         shapes[inp.name] = shape
     inp = inputs[0]
+    given_dtypes = list(input_dtype) if isinstance(input_dtype, (list, tuple)) else [input_dtype] * len(inputs)
+    if len(given_dtypes) != len(inputs):
+        raise BuildError(f"{len(given_dtypes)} input dtypes given (--input-dtype) for the model's {len(inputs)} inputs "
+                         f"({', '.join(i.name for i in inputs)})")
+    dtypes = {i.name: input_dtype_of(i, d) for i, d in zip(inputs, given_dtypes)}
+    # the activations holding integers (token ids: the inputs and their Casts to integer types)
+    integer = {n for n, d in dtypes.items() if d != "float32"}
     alias: dict[str, str] = {}
     layers: list[Layer] = []
     params: dict[str, Param] = {}
@@ -135,6 +165,7 @@ def to_ir(model, input_shape=None) -> Graph:
     stored_transposed = set(json.loads(meta.get(TRANSPOSED_KEY, "[]")))
     trainable_names = set(json.loads(meta.get(PARAMETERS_KEY, "[]")))
     state_shapes = json.loads(meta.get(STATE_SHAPES_KEY, "{}"))
+    padding_idx = json.loads(meta.get(PADDING_IDX_KEY, "{}"))
     uses: dict[str, int] = {}
     _check_supported(g, consts)
 
@@ -394,6 +425,15 @@ def to_ir(model, input_shape=None) -> Graph:
             continue
         if op == "Expand" and ins[1] in consts and not isinstance(consts[ins[1]], list):
             layers.append(_expand(node, act(ins[0]), out, np.asarray(consts[ins[1]]).reshape(-1).tolist(), shapes))
+        if op == "Cast" and alias.get(ins[0], ins[0]) in integer:
+            # token ids are exact floats in every tier: a Cast of them (to another integer type, or to float) is
+            # the same values
+            alias[out] = act(ins[0])
+            if a.get("to") in (6, 7):  # to int32, int64
+                integer.add(out)
+            continue
+        if op == "Gather" and ins[0] in initializer_names and len(ins) > 1 and alias.get(ins[1], ins[1]) in integer:
+            layers.append(_embedding(node, a, act(ins[1]), param(node, 0), params, shapes, padding_idx))
             continue
         if op in SHAPE_ONLY:
             raise BuildError(f"{_where(node)}: {op} on activations is not supported (only on constant shapes)")
@@ -797,7 +837,27 @@ def to_ir(model, input_shape=None) -> Graph:
     layers = onnx_shape.compose_gathers(layers, output, shapes)
     order = [i.name for i in g.initializer]
     ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[0].split("@")[0]), kv[0])))
-    return Graph(inp.name, output, shapes, layers, ordered, inputs=tuple(i.name for i in inputs))
+    return Graph(inp.name, output, shapes, layers, ordered, inputs=tuple(i.name for i in inputs),
+                 dtypes={k: v for k, v in dtypes.items() if v != "float32"})
+
+
+def _embedding(node, a, ids, table: str, params, shapes, padding_idx) -> Layer:
+    """Gather(table, ids) on axis 0, what nn.Embedding exports: ids (T,) -> tokens (T, F). The table keeps
+    its state_dict name; its padding_idx (prep/load.py: PADDING_IDX_KEY) is recorded, its row gets no
+    gradient as in PyTorch."""
+    w = params[table].array
+    if int(a.get("axis", 0)) != 0 or w.ndim != 2:
+        raise BuildError(f"{_where(node)}: Gather of integer ids is supported from a table [rows, features] on "
+                         f"axis 0 (nn.Embedding), not axis {a.get('axis', 0)} of shape {list(w.shape)}")
+    if len(shapes[ids]) != 1:
+        raise BuildError(f"{_where(node)}: token ids of per-sample shape {list(shapes[ids])}: one sequence a sample "
+                         "(ids of shape [batch, T]) is supported")
+    pad = padding_idx.get(table)
+    if pad is not None and pad < 0:
+        pad += w.shape[0]
+    out = node.output[0]
+    shapes[out] = (int(shapes[ids][0]), int(w.shape[1]))
+    return Layer("embedding", node.name, [ids], [out], {"padding_idx": pad}, {"weight": table})
 
 
 def _dense(node, x, w: Param, shapes) -> Layer:

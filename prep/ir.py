@@ -18,6 +18,8 @@ Ops, grouped:
                             the G = attrs["groups"] blocks of rows a matrix (attention's Q K^T and A V)
                layernorm    y = (x - mean) / sqrt(var + eps) * w + b over the last (packed) axis;
                             weight [F], bias [F]; attrs: eps
+               embedding    y[t] = W[ids[t]]: integer ids (T,) -> tokens (T, F); weight W [V, F] (the table,
+                            nn.Embedding's weight); attrs: padding_idx (its row gets no gradient) or None
   folded away  batchnorm    inference form; `prep.fold` folds it into the conv/dense before it
   elementwise  every op of prep/elementwise.py: unary (relu, clip, hardswish, exp, ...: ACTIVATIONS) and
                binary (add, sub, mul, div, prelu: BINARY) with ONNX broadcasting; attrs: the op's
@@ -64,7 +66,7 @@ POOLS = ("maxpool", "avgpool", "global_avgpool")
 REDUCE = ("reduce",)
 SOFTMAX = ("softmax", "log_softmax")
 WEIGHTED = ("dense", "conv", "conv_transpose")  # a weight, a bias, a fused activation (prep/fuse.py)
-OPS = WEIGHTED + ("matmul", "layernorm", "batchnorm", "flatten", "gather", "concat", "resample", "dropout") + \
+OPS = WEIGHTED + ("matmul", "layernorm", "embedding", "batchnorm", "flatten", "gather", "concat", "resample", "dropout") + \
     ELEMENTWISE + POOLS + SOFTMAX + REDUCE
 
 
@@ -111,6 +113,9 @@ class Graph:
     # every input, in the order the model takes them (build --inputs; an ONNX file's declared order): the
     # first is `input`. () means (input,)
     inputs: tuple[str, ...] = ()
+    # the element type of each input that is not float32 (prep/load.py: INPUT_DTYPES): integer token ids,
+    # stored as exact floats (< 2^24); an input not in it is float32
+    dtypes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self.inputs = tuple(self.inputs) or (self.input,)
@@ -119,6 +124,20 @@ class Graph:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return self.shapes[self.input]
+
+    def dtype(self, tensor: str) -> str:
+        return self.dtypes.get(tensor, "float32")
+
+    @property
+    def input_dtype(self) -> str:
+        return self.dtype(self.input)
+
+    def id_range(self, tensor: str) -> int | None:
+        """The ids an integer input may hold: [0, rows) of the smallest embedding table that reads it, or
+        None where no embedding reads it."""
+        rows = [self.params[layer.params["weight"]].array.shape[0] for layer in self.layers
+                if layer.op == "embedding" and layer.inputs[0] == tensor]
+        return min(rows) if rows else None
 
     @property
     def input_shapes(self) -> list[tuple[int, ...]]:

@@ -18,6 +18,8 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
                                                                              packed, one texture row a token;
                                                                              stored as (C, H, W) = (F, R, 1))
   matmul weight B[I, O]         i               1               o            (x @ B of a token-wise Linear)
+  embedding table W[V, F]       v               1               f            (a row a token id)
+  token ids (N, T)              n               1               t            (exact floats: an activation (T,))
   dense weight W[O, I]          o (padded to 4) 1               i
   conv weight W[OC, ICg, KH, KW] kh * ICg + j   kw              oc           (4 output channels of one (j, kh, kw))
   bias b[O]                     1               1               o
@@ -460,6 +462,9 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             o, i = p.canonical().shape
             packing = matrix_packing(i, o, not p.transposed)
             height = i
+        elif layer.op == "embedding":  # the table W[V, F]: a row an id, F in the texel (folded when V is large)
+            packing = matrix_packing(*p.array.shape)
+            height = p.array.shape[0]
         elif layer.op in ELEMENTWISE:  # an operand (a PRelu slope, a layer scale): one sample of its shape
             shape = next(o["shape"] for o in operands(layer, graph) if o.get("role") == role)
             packing = activation_packing(tuple(shape), 1)

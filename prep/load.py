@@ -26,6 +26,9 @@ import zipfile
 import numpy as np
 
 OPSET = 17
+# the element types an input may have (build --input-dtype): float32 values, or integer token ids (an
+# nn.Embedding's input), which the bundle takes as an Int32Array and stores as exact floats (ids < 2^24)
+INPUT_DTYPES = ("float32", "int64", "int32")
 
 
 class BuildError(Exception):
@@ -33,17 +36,20 @@ class BuildError(Exception):
 
 
 def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
-              trust_pickle: bool = False, inputs=None):
+              trust_pickle: bool = False, inputs=None, input_dtype=None):
     """Return the simplified onnx.ModelProto. `inputs`: the names of a PyTorch source's inputs, in the
     order its forward takes them (build --inputs; default one input named "input"); `input_shape` then
-    one per-sample shape per input (a list of shapes; one shape for a single input)."""
+    one per-sample shape per input (a list of shapes; one shape for a single input). `input_dtype`: the
+    element type of the examples a PyTorch source is exported with (INPUT_DTYPES; one for every input
+    or a list of one per input; float32 when None); an ONNX file declares its own (prep.graph checks
+    that it is the one given)."""
     import onnx
 
     if inputs and source.endswith(".onnx") and os.path.exists(source):
         raise BuildError("--inputs is for PyTorch sources; an ONNX file declares its inputs")
     if ":" in source and not os.path.exists(source):
         module = _module_from_factory(source, weights)
-        return export_simplified(module, _need_shape(input_shape, source, inputs), inputs)
+        return export_simplified(module, _need_shape(input_shape, source, inputs), inputs, input_dtype or "float32")
     if not os.path.exists(source):
         raise BuildError(f"source not found: {source}")
     if source.endswith(".onnx"):
@@ -57,15 +63,29 @@ def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
     module = _module_from_file(source, trust_pickle)
     if weights:
         _load_state_dict(module, weights)
-    return export_simplified(module, _need_shape(input_shape, source, inputs), inputs)
+    return export_simplified(module, _need_shape(input_shape, source, inputs), inputs, input_dtype or "float32")
 
 
-def export_simplified(module, input_shape, inputs=None):
+def export_simplified(module, input_shape, inputs=None, input_dtype="float32"):
     """Export, simplify, and give folded weights back their state_dict names."""
     state = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
-    model = restore_state_dict_names(simplify(export_module(module, input_shape, inputs)), state)
+    model = restore_state_dict_names(simplify(export_module(module, input_shape, inputs, input_dtype)), state)
     _set_meta(model, PARAMETERS_KEY, sorted(n for n, _ in module.named_parameters()))
+    padding = _padding_indices(module)
+    if padding:
+        _set_meta(model, PADDING_IDX_KEY, padding)
     return model
+
+
+def _padding_indices(module) -> dict[str, int]:
+    """{state_dict name of the table: padding_idx} of the nn.Embedding modules that have one: the ONNX
+    export drops it (a Gather is all that is left), and PyTorch gives that row no gradient."""
+    import torch
+
+    if not isinstance(module, torch.nn.Module) or isinstance(module, torch.jit.ScriptModule):
+        return {}
+    return {f"{name}.weight" if name else "weight": int(m.padding_idx) for name, m in module.named_modules()
+            if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None}
 
 
 def _set_meta(model, key: str, value) -> None:
@@ -181,10 +201,11 @@ def _is_torchscript(path: str) -> bool:
         return any(n.endswith("/constants.pkl") or n.startswith("code/") or "/code/" in n for n in z.namelist())
 
 
-def export_module(module, input_shape, inputs=None):
-    """Export an nn.Module (or ScriptModule) to ONNX with a dynamic batch dimension. `inputs`: the names of
-    its inputs (its forward takes them positionally), `input_shape` then a list of one shape per input;
-    by default one input, "input", of shape `input_shape`."""
+def export_module(module, input_shape, inputs=None, input_dtype="float32"):
+    """Export an nn.Module (or ScriptModule) to ONNX with a dynamic batch dimension, from examples of zeros
+    (zeros are valid token ids too). `inputs`: the names of its inputs (its forward takes them
+    positionally), `input_shape` then a list of one shape per input; by default one input, "input", of
+    shape `input_shape`. `input_dtype`: INPUT_DTYPES, one for every input or a list of one per input."""
     import onnx
     import torch
 
@@ -197,7 +218,13 @@ def export_module(module, input_shape, inputs=None):
         m.train()
     names = check_input_names(inputs) if inputs else ["input"]
     shapes = [tuple(s) for s in input_shape] if inputs else [tuple(input_shape)]
-    examples = tuple(torch.zeros((2,) + s, dtype=torch.float32) for s in shapes)
+    dtypes = list(input_dtype) if isinstance(input_dtype, (list, tuple)) else [input_dtype] * len(shapes)
+    if len(dtypes) != len(shapes):
+        raise BuildError(f"{len(dtypes)} input dtypes (--input-dtype) for {len(shapes)} inputs ({', '.join(names)})")
+    for d in dtypes:
+        if d not in INPUT_DTYPES:
+            raise BuildError(f"--input-dtype must be one of {', '.join(INPUT_DTYPES)}, got {d!r}")
+    examples = tuple(torch.zeros((2,) + s, dtype=getattr(torch, d)) for s, d in zip(shapes, dtypes))
     shown = tuple(input_shape) if not inputs else "; ".join(str(s) for s in shapes)
     buf = io.BytesIO()
     with warnings.catch_warnings():
@@ -214,8 +241,10 @@ def export_module(module, input_shape, inputs=None):
                 training=torch.onnx.TrainingMode.PRESERVE,
             )
         except Exception as e:
+            hint = "; token ids (an nn.Embedding's input) need --input-dtype int64" if "float32" in dtypes and \
+                "scalar types: Long, Int" in str(e) else ""
             raise BuildError(f"ONNX export failed for input shape {shown}: "
-                             f"{' '.join(str(e).split())[:400]}") from None
+                             f"{' '.join(str(e).split())[:400]}{hint}") from None
         finally:
             for m in dropouts:
                 m.eval()
@@ -271,6 +300,8 @@ PARAMETERS_KEY = "texelfit.parameters"
 # Initializers that hold their state_dict tensor in another shape of the same values (a PReLU slope
 # [C] exported as [C, 1, 1]): name -> the state_dict shape, which getWeights reports
 STATE_SHAPES_KEY = "texelfit.state_shapes"
+# {table's state_dict name: padding_idx} of the model's nn.Embedding modules (export_simplified)
+PADDING_IDX_KEY = "texelfit.padding_idx"
 
 
 def restore_state_dict_names(model, state: dict[str, np.ndarray]):

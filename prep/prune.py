@@ -237,7 +237,7 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
                 gs.fix(s.group, f"reduce {layer.name!r} is not over (C, H, W) data")
             axes[out] = (Seg(gs.new(_channels_of(graph.shapes[out]), reason="a reduction"),
                              _channels_of(graph.shapes[out]), 1),)
-        elif layer.op in ("matmul", "layernorm"):  # token ops (R, F): not pruned
+        elif layer.op in ("matmul", "layernorm", "embedding"):  # token ops (R, F): not pruned
             why = f"{layer.op} {layer.name!r} works on tokens, which are not pruned"
             for t in layer.inputs:
                 for s in axes[t]:

@@ -134,6 +134,8 @@ class IRModule(nn.Module):
             w, b = self.param(layer, "weight"), self.param(layer, "bias")
             y = x @ w if self.graph.params[layer.params["weight"]].transposed else x @ w.T
             return y + b if b is not None else y
+        if op == "embedding":  # ids (as integers or exact floats) -> rows of the table
+            return F.embedding(x.long(), self.param(layer, "weight"), padding_idx=a.get("padding_idx"))
         if op == "layernorm":
             return F.layer_norm(x, (x.shape[-1],), self.param(layer, "weight"), self.param(layer, "bias"), a["eps"])
         dim = -1 if x.dim() == 3 else 1  # tokens (R, F): over the features; else the channels (classes)
@@ -270,7 +272,7 @@ def export_onnx(graph: Graph):
 
     multi = len(graph.inputs) > 1
     model = export_simplified(IRModule(graph).eval(), graph.input_shapes if multi else graph.input_shape,
-                              list(graph.inputs) if multi else None)
+                              list(graph.inputs) if multi else None, [graph.dtype(t) for t in graph.inputs])
     renames = {PREFIX + key(n): n for n in graph.params}
     g = model.graph
     for init in g.initializer:

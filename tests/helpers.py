@@ -14,10 +14,10 @@ from texelfit.prep.load import export_simplified
 
 
 def build_module(site, folder: str, module: torch.nn.Module, input_shape, *, max_batch=64, loss="cross_entropy",
-                 name="model", trainable="*", **options) -> str:
+                 name="model", trainable="*", input_dtype="float32", **options) -> str:
     """Export `module` the way `texelfit build` does and serve the bundle; returns the module URL.
     `options`: more of compile_onnx's (weights_file, input_normalize, ...)."""
-    onnx_model = export_simplified(module, tuple(input_shape))
+    onnx_model = export_simplified(module, tuple(input_shape), input_dtype=input_dtype)
     result = compile_onnx(onnx_model, name=name, input_shape=input_shape, max_batch=max_batch, loss=loss,
                           trainable=trainable, **options)
     url = site.add_files(folder, result.files)
@@ -128,7 +128,7 @@ def torch_fit(module, x, y, loss, cfg, batch_size, epochs):
 
 
 FIT = """
-    const x = new Float32Array(args.x);
+    const x = args.ids ? Int32Array.from(args.x) : new Float32Array(args.x);
     const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);
     let calls = 0;
     const r = await m.fit(x, y, { batchSize: args.batchSize, epochs: args.epochs, shuffle: args.shuffle === true, seed: 5,
@@ -138,15 +138,16 @@ FIT = """
 
 
 def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_size, epochs, tol_w, tol_loss,
-                   options=None, max_batch=64, seed=7, shuffle=False):
+                   options=None, max_batch=64, seed=7, shuffle=False, ids=None):
     """Train in the page and in PyTorch from the same weights on the same batches; compare the loss
     of every step and every weight at the end. Returns what the page returned. (With `shuffle` the
     page draws its own order and PyTorch's batches are unshuffled: only the same where each batch is
-    the whole set.)"""
+    the whole set.) With `ids` (an int V) x is int64 token ids in [0, V), passed as an Int32Array."""
     torch.manual_seed(seed)
     module = factory()
-    url = build_module(site, f"train_{factory.__name__}_{max_batch}", module, shape, max_batch=max_batch)
-    x = torch.randn((samples,) + tuple(shape))
+    url = build_module(site, f"train_{factory.__name__}_{max_batch}", module, shape, max_batch=max_batch,
+                       input_dtype="int64" if ids else "float32")
+    x = torch.randint(0, ids, (samples,) + tuple(shape)) if ids else torch.randn((samples,) + tuple(shape))
     out_shape = tuple(module(x[:1]).shape[1:])
     if loss == "cross_entropy":
         y = torch.randint(0, out_shape[0], (samples,))
@@ -156,7 +157,8 @@ def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_
         y_js = y.reshape(-1).tolist()
     cfg = OPTIMIZERS[opt_name]
     got = run_model(web, url, FIT, {"x": x.reshape(-1).tolist(), "y": y_js, "loss": loss, "optimizer": cfg,
-                                    "batchSize": batch_size, "epochs": epochs, "shuffle": shuffle}, options)
+                                    "batchSize": batch_size, "epochs": epochs, "shuffle": shuffle, "ids": bool(ids)},
+                    options)
     ref_losses = torch_fit(module, x, y, loss, cfg, batch_size, epochs)
     steps = epochs * -(-samples // batch_size)
     assert len(got["loss"]) == steps and got["calls"] == steps
@@ -176,17 +178,19 @@ GRAD = dict(atol=2e-6, rtol=2e-4)
 
 
 def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0,
-             fwd=FWD, grad=GRAD, options=None):
+             fwd=FWD, grad=GRAD, options=None, ids=None):
     """Forward output and the gradient of every weight against PyTorch autograd.
 
     Makes the module with `factory()` after seeding (the same weights whatever ran before),
     builds the bundle, runs `predict` and `gradients` in the page on random data, and compares
     tensor by tensor with |got - ref| <= atol + rtol * |ref|. The loss is taken on the raw output
-    (class logits for cross_entropy, any shape for mse)."""
+    (class logits for cross_entropy, any shape for mse). With `ids` (an int V), x is int64 token ids
+    in [0, V), passed to the page as an Int32Array."""
     torch.manual_seed(seed)
     module = factory().eval()
     g = torch.Generator().manual_seed(seed)  # the data, whatever the export draws from the global RNG
-    x = torch.randn((batch,) + tuple(shape), generator=g)
+    x = torch.randint(0, ids, (batch,) + tuple(shape), generator=g) if ids else \
+        torch.randn((batch,) + tuple(shape), generator=g)
     out_shape = module(x).shape[1:]
     if loss == "cross_entropy":
         y = torch.randint(0, out_shape[0], (batch,), generator=g)
@@ -194,14 +198,14 @@ def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0
     else:
         y = torch.randn((batch,) + tuple(out_shape), generator=g)
         y_js = y.reshape(-1).tolist()
-    url = build_module(site, f"op_{case}", module, shape)
+    url = build_module(site, f"op_{case}", module, shape, input_dtype="int64" if ids else "float32")
     got = run_model(web, url, """
-        const x = new Float32Array(args.x);
+        const x = args.ids ? Int32Array.from(args.x) : new Float32Array(args.x);
         const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);
         const out = Array.from(await m.predict(x, args.batch));
         const grads = arr(await m.gradients(x, y, { loss: args.loss }));
         return { out, grads };
-    """, {"x": x.reshape(-1).tolist(), "y": y_js, "loss": loss, "batch": batch}, options)
+    """, {"x": x.reshape(-1).tolist(), "y": y_js, "loss": loss, "batch": batch, "ids": bool(ids)}, options)
 
     module.zero_grad()
     out = module(x)

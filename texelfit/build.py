@@ -64,10 +64,12 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
                  quantize: str = DEFAULT_QUANTIZE, prune: float = DEFAULT_PRUNE, round_channels: bool = True,
                  finetune_epochs: int = 0, finetune_data: Data | None = None, finetune_lr: float = FINETUNE_LR,
                  eval_data: Data | None = None, progress: bool = False, trainable: str = "*",
-                 input_normalize: str = "none", weights_file: bool | None = None) -> BuildResult:
+                 input_normalize: str = "none", weights_file: bool | None = None,
+                 input_dtype: str | None = None) -> BuildResult:
     """`input_normalize`: `--input-normalize` (texelfit/images.py); `weights_file`: ship the weights in
     NAME.weights.bin beside NAME.js (True), embedded (False), or the former when they exceed
-    WEIGHTS_FILE_BYTES (None, the default)."""
+    WEIGHTS_FILE_BYTES (None, the default); `input_dtype`: `--input-dtype` (prep/load.py: INPUT_DTYPES),
+    which must be what the model declares (None: whatever it declares)."""
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BuildError(f"--name {name!r} must be letters, digits, '-' and '_' only")
     if not isinstance(max_batch, int) or not 1 <= max_batch <= 4096:
@@ -85,7 +87,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
 
     if weights_file not in (None, True, False):
         raise BuildError(f"weights_file must be True, False or None, got {weights_file!r}")
-    imported = to_ir(model, input_shape)
+    imported = to_ir(model, input_shape, input_dtype)
     if len(imported.inputs) > 1:
         if input_normalize != "none":
             raise BuildError(f"--input-normalize is for a model with one image input; this one has "
@@ -213,6 +215,10 @@ def check_data(d: Data, graph: Graph, loss: str, what: str) -> Data:
     x = np.asarray(d.x, dtype=np.float32).reshape((n,) + tuple(shape))
     if not np.all(np.isfinite(x)):
         raise BuildError(f"{what}: x has non-finite values")
+    if graph.input_dtype != "float32":
+        rows = graph.id_range(graph.input)
+        if np.any(x != np.round(x)) or x.min() < 0 or (rows is not None and x.max() >= rows):
+            raise BuildError(f"{what}: x must hold token ids, integers in [0, {rows if rows is not None else '2^24'})")
     y = np.asarray(d.y)
     if len(y) != n:
         raise BuildError(f"{what}: y has {len(y)} entries for {n} samples")
@@ -264,9 +270,11 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
           prune: float = DEFAULT_PRUNE, round_channels: bool = True, finetune_epochs: int = 0,
           finetune_data: str | None = None, finetune_lr: float = FINETUNE_LR, eval_data: str | None = None,
           trust_pickle: bool = False, progress: bool = False, trainable: str = "*", input_normalize: str = "none",
-          weights_file: bool | None = None, inputs=None) -> BuildResult:
-    """`inputs`: the input names of a PyTorch source with several (--inputs), `input_shape` then one shape per input."""
-    result = compile_source(source, name=name, weights=weights, input_shape=input_shape, inputs=inputs, max_batch=max_batch,
+          weights_file: bool | None = None, inputs=None, input_dtype=None) -> BuildResult:
+    """`inputs`: the input names of a PyTorch source with several (--inputs), `input_shape` then one shape per
+    input; `input_dtype`: --input-dtype (one for every input, or a list of one per input)."""
+    result = compile_source(source, name=name, weights=weights, input_shape=input_shape, inputs=inputs,
+                            input_dtype=input_dtype, max_batch=max_batch,
                             loss=loss, quantize=quantize, prune=prune, round_channels=round_channels,
                             finetune_epochs=finetune_epochs, finetune_data=finetune_data, finetune_lr=finetune_lr,
                             eval_data=eval_data, trust_pickle=trust_pickle, progress=progress, trainable=trainable,
@@ -277,7 +285,7 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
 
 def compile_source(source: str, *, name: str | None = None, weights: str | None = None, input_shape=None,
                    trust_pickle: bool = False, finetune_data: str | None = None, eval_data: str | None = None,
-                   inputs=None, **options) -> BuildResult:
+                   inputs=None, input_dtype=None, **options) -> BuildResult:
     """Load a source (and the data files named), and compile it; writes nothing."""
     from texelfit.examples import KNOWN_SOURCES
 
@@ -298,11 +306,12 @@ def compile_source(source: str, *, name: str | None = None, weights: str | None 
         train = load_data(finetune_data, "--finetune-data")
     if eval_data:
         evaluate = load_data(eval_data, "--eval-data")
-    model = load_onnx(source, weights=weights, input_shape=input_shape, trust_pickle=trust_pickle, inputs=inputs)
+    model = load_onnx(source, weights=weights, input_shape=input_shape, trust_pickle=trust_pickle, inputs=inputs,
+                      input_dtype=input_dtype)
     if not options.get("finetune_epochs"):
         train = None
     return compile_onnx(model, name=name, input_shape=input_shape, finetune_data=train, eval_data=evaluate,
-                        **options)
+                        input_dtype=input_dtype, **options)
 
 
 def write_files(out: str, files: dict[str, str | bytes]) -> None:

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from texelfit.prep.load import BuildError
+from texelfit.prep.load import INPUT_DTYPES, BuildError
 
 DEFAULT_SOURCE = "texelfit.examples:digits_cnn"  # texelfit.examples.DEFAULT_SOURCE (not imported: torch is slow)
 DEFAULT_CHECKPOINT = os.path.join("dist", "digits_cnn.pt")  # texelfit.train.DEFAULT_CHECKPOINT
@@ -29,6 +29,15 @@ def _shape(text: str):
 def _shapes(text: str):
     """One --input-shape value: a shape, or several separated by ';' (one per input of --inputs)."""
     return [_shape(part) for part in text.split(";")]
+
+
+def _dtypes(text: str):
+    """--input-dtype: one element type (every input), or one per input, comma-separated."""
+    parts = [p.strip() for p in text.split(",")]
+    bad = [p for p in parts if p not in INPUT_DTYPES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"not an input dtype: {', '.join(map(repr, bad))} (use {', '.join(INPUT_DTYPES)})")
+    return parts[0] if len(parts) == 1 else parts
 
 
 def _input_shape(args):
@@ -104,6 +113,10 @@ def _model_options(b, *, sweep=False):
                    help="a PyTorch source with several inputs: their names, comma-separated, in the order its forward "
                         "takes them (e.g. input_ids,attention_mask); predict and fit then take an object keyed by "
                         "these names. An ONNX file declares its inputs")
+    b.add_argument("--input-dtype", type=_dtypes, default=None,
+                   help="element type of the input: float32, or int64 / int32 token ids (an nn.Embedding's input); "
+                        "with --inputs one for all of them or one per input, comma-separated (int64,int64); "
+                        "default: float32 for PyTorch sources, what an ONNX file declares")
     b.add_argument("--max-batch", type=_count(1), default=64, help="largest batch predict and fit accept (default 64)")
     b.add_argument("--loss", choices=["cross_entropy", "mse"], default="cross_entropy")
     b.add_argument("--quantize", choices=["fp16", "int8", "none"], default="none",
@@ -195,7 +208,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _options(args) -> dict:
-    return dict(weights=args.weights, input_shape=_input_shape(args), inputs=args.inputs, max_batch=args.max_batch, loss=args.loss,
+    return dict(weights=args.weights, input_shape=_input_shape(args), inputs=args.inputs, input_dtype=args.input_dtype,
+                max_batch=args.max_batch, loss=args.loss,
                 quantize=args.quantize, round_channels=args.round_channels, finetune_epochs=args.finetune_epochs,
                 finetune_data=args.finetune_data, finetune_lr=args.finetune_lr, eval_data=args.eval_data,
                 trust_pickle=args.trust_pickle, progress=True)

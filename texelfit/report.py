@@ -58,8 +58,8 @@ def flops(layer, graph: Graph) -> int:
         return 4 * size
     if layer.op == "batchnorm":
         return 2 * size
-    if layer.op in ("flatten", "concat", "gather"):
-        return 0  # data movement only (gather: the shape ops)
+    if layer.op in ("flatten", "concat", "gather", "embedding"):
+        return 0  # data movement only (gather: the shape ops; embedding: rows of its table)
     raise AssertionError(f"report.flops: no rule for op {layer.op!r}")
 
 

@@ -4,6 +4,7 @@
     conv.py         conv (+ fused activation)
     conv_transpose.py   conv_transpose (+ fused activation), on the conv kernels
     matmul.py       matmul (token-wise, and of two activations), layernorm: the ops on tokens (R, F)
+    embedding.py    embedding: rows of a table by integer ids, and its scatter-add gradient
     elementwise.py  every elementwise op (prep/elementwise.py) not fused into a dense or conv layer
     softmax.py      softmax, log_softmax over the channel axis
     reduce.py       mean, sum, max over any per-sample axes
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 from texelfit.prep.ir import ELEMENTWISE, POOLS, SOFTMAX
 
-from . import conv, conv_transpose, dense, dropout, elementwise, gather, matmul, merge, pool, reduce, resample, reshape, softmax
+from . import conv, conv_transpose, dense, dropout, elementwise, embedding, gather, matmul, merge, pool, reduce, resample, reshape, softmax
 from .loss import LOSSES, loss_passes
 from .optim import OPTIMIZERS, optimizer_pass
 
 FAMILIES = {"dense": dense, "conv": conv, "conv_transpose": conv_transpose, "matmul": matmul, "layernorm": matmul,
+            "embedding": embedding,
             "concat": merge, "flatten": reshape, "gather": gather,
             **{e: elementwise for e in ELEMENTWISE}, **{s: softmax for s in SOFTMAX}, **{p: pool for p in POOLS},
             "reduce": reduce, "resample": resample, "dropout": dropout}
