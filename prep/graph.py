@@ -369,9 +369,9 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             consts[out] = numpy_helper.to_array(a["value"]) if "value" in a else np.asarray(
                 a.get("value_ints", a.get("value_int", a.get("value_floats", a.get("value_float")))))
             continue
-        if op == "Expand" and ins[0] not in consts and ins[0] not in batch_consts:
-            # an activation repeated to a larger shape (F.normalize expands its norm to the input's shape):
-            # every consumer broadcasting it anyway, it is the activation itself
+        if op == "Expand" and ins[0] not in consts and ins[0] not in batch_consts and isinstance(consts.get(ins[1]), list):
+            # an activation repeated to a shape computed from another's (F.normalize expands its norm to
+            # its input's shape): every consumer broadcasting it anyway, it is the activation itself
             users = [n for n in g.node if out in n.input]
             if not users or not all(n.op_type in BY_ONNX and BY_ONNX[n.op_type].arity == 2 for n in users):
                 raise BuildError(f"{_where(node)}: Expand of an activation is supported only into elementwise ops "
