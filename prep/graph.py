@@ -28,7 +28,7 @@ F32_MAX = float(np.finfo(np.float32).max)  # an infinite constant that a kernel 
 
 SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "ConvTranspose", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
-     "ReduceMean", "ReduceSum", "ReduceMax", "Resize", "Upsample", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
+     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2", "Resize", "Upsample", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
      "Split", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast", "Expand",
      "ConstantOfShape", "Equal", "Where", "LayerNormalization") + tuple(BY_ONNX)))
 # ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
@@ -337,6 +337,10 @@ def to_ir(model, input_shape=None) -> Graph:
         if op == "Constant":
             consts[out] = numpy_helper.to_array(a["value"]) if "value" in a else np.asarray(
                 a.get("value_ints", a.get("value_int", a.get("value_floats", a.get("value_float")))))
+            continue
+        if op == "Expand" and ins[0] not in consts and ins[0] not in batch_consts and \
+                (rest := onnx_shape.batch_shape(consts.get(ins[1]))) is not None:  # an activation, to [N, ...]
+            layers.append(_expand(node, act(ins[0]), out, [1] + list(rest), shapes))
             continue
         if op in ("Expand", "ConstantOfShape") and onnx_shape.batch_shape(consts.get(ins[-1])) is not None:
             batch_consts[out] = onnx_shape.batch_constant(_where(node), op, a, [consts[i] for i in ins])
@@ -713,9 +717,14 @@ def to_ir(model, input_shape=None) -> Graph:
             layers.append(Layer("maxpool" if op == "MaxPool" else "avgpool", node.name, [x], [out], attrs))
             shapes[out] = (c, oh, ow)
             continue
-        if op in ("GlobalAveragePool", "ReduceMean", "ReduceSum", "ReduceMax"):
+        if op in ("GlobalAveragePool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2"):
             x = act(ins[0])
             rank = len(shapes[x]) + 1
+            final = out
+            if op == "ReduceL2":  # sqrt(ReduceSum(x ** 2)): F.normalize's norm
+                layers.append(Layer("pow", f"{node.name}:square", [x], [f"{out}:square"], {"exponent": 2.0}))
+                shapes[f"{out}:square"] = shapes[x]
+                x, out = f"{out}:square", f"{out}:sumsq"
             if op == "GlobalAveragePool":
                 axes = [2, 3]
             else:
@@ -733,12 +742,15 @@ def to_ir(model, input_shape=None) -> Graph:
                 layers.append(Layer("global_avgpool", node.name, [x], [out], {"keepdims": keep}))
             else:
                 layers.append(Layer("reduce", node.name, [x], [out],
-                                    {"kind": op[len("Reduce"):].lower(), "axes": [v - 1 for v in axes],
-                                     "keepdims": keep}))
+                                    {"kind": "sum" if op == "ReduceL2" else op[len("Reduce"):].lower(),
+                                     "axes": [v - 1 for v in axes], "keepdims": keep}))
             kept = [d if i + 1 not in axes else 1 for i, d in enumerate(shapes[x])]
             shapes[out] = tuple(kept) if keep else tuple(d for i, d in enumerate(shapes[x]) if i + 1 not in axes)
             if not shapes[out]:
                 shapes[out] = (1,)
+            if final != out:
+                layers.append(Layer("sqrt", f"{node.name}:sqrt", [out], [final]))
+                shapes[final] = shapes[out]
             continue
         if op in ("Flatten", "Reshape"):
             x = act(ins[0])
