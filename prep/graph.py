@@ -369,14 +369,9 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             consts[out] = numpy_helper.to_array(a["value"]) if "value" in a else np.asarray(
                 a.get("value_ints", a.get("value_int", a.get("value_floats", a.get("value_float")))))
             continue
-        if op == "Expand" and ins[0] not in consts and ins[0] not in batch_consts and isinstance(consts.get(ins[1]), list):
-            # an activation repeated to a shape computed from another's (F.normalize expands its norm to
-            # its input's shape): every consumer broadcasting it anyway, it is the activation itself
-            users = [n for n in g.node if out in n.input]
-            if not users or not all(n.op_type in BY_ONNX and BY_ONNX[n.op_type].arity == 2 for n in users):
-                raise BuildError(f"{_where(node)}: Expand of an activation is supported only into elementwise ops "
-                                 f"that broadcast it; it feeds {sorted({n.op_type for n in users})}")
-            alias[out] = act(ins[0])
+        if op == "Expand" and ins[0] not in consts and ins[0] not in batch_consts and \
+                (rest := onnx_shape.batch_shape(consts.get(ins[1]))) is not None:  # an activation, to [N, ...]
+            layers.append(_expand(node, act(ins[0]), out, [1] + list(rest), shapes))
             continue
         if op in ("Expand", "ConstantOfShape") and onnx_shape.batch_shape(consts.get(ins[-1])) is not None:
             batch_consts[out] = onnx_shape.batch_constant(_where(node), op, a, [consts[i] for i in ins])
@@ -765,6 +760,11 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
         if op in ("GlobalAveragePool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2"):
             x = act(ins[0])
             rank = len(shapes[x]) + 1
+            final = out
+            if op == "ReduceL2":  # sqrt(ReduceSum(x ** 2)): F.normalize's norm
+                layers.append(Layer("pow", f"{node.name}:square", [x], [f"{out}:square"], {"exponent": 2.0}))
+                shapes[f"{out}:square"] = shapes[x]
+                x, out = f"{out}:square", f"{out}:sumsq"
             if op == "GlobalAveragePool":
                 axes = [2, 3]
             else:
@@ -780,24 +780,17 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             keep = bool(a.get("keepdims", 1)) or op == "GlobalAveragePool"
             if op in ("GlobalAveragePool", "ReduceMean") and rank == 4 and axes == [2, 3]:
                 layers.append(Layer("global_avgpool", node.name, [x], [out], {"keepdims": keep}))
-            elif op == "ReduceL2":  # sqrt(sum(x^2)) (F.normalize exports it): three declared ops
-                square, total = f"{out}/square", f"{out}/sum"
-                layers.append(Layer("pow", f"{node.name}/square", [x], [square],
-                                    ew.layer_attrs(ew.OPS["pow"], {"exponent": 2.0})))
-                shapes[square] = shapes[x]
-                layers.append(Layer("reduce", f"{node.name}/sum", [square], [total],
-                                    {"kind": "sum", "axes": [v - 1 for v in axes], "keepdims": keep}))
-                layers.append(Layer("sqrt", node.name, [total], [out], {}))
             else:
                 layers.append(Layer("reduce", node.name, [x], [out],
-                                    {"kind": op[len("Reduce"):].lower(), "axes": [v - 1 for v in axes],
-                                     "keepdims": keep}))
+                                    {"kind": "sum" if op == "ReduceL2" else op[len("Reduce"):].lower(),
+                                     "axes": [v - 1 for v in axes], "keepdims": keep}))
             kept = [d if i + 1 not in axes else 1 for i, d in enumerate(shapes[x])]
             shapes[out] = tuple(kept) if keep else tuple(d for i, d in enumerate(shapes[x]) if i + 1 not in axes)
             if not shapes[out]:
                 shapes[out] = (1,)
-            if op == "ReduceL2":
-                shapes[f"{out}/sum"] = shapes[out]
+            if final != out:
+                layers.append(Layer("sqrt", f"{node.name}:sqrt", [out], [final]))
+                shapes[final] = shapes[out]
             continue
         if op in ("Flatten", "Reshape"):
             x = act(ins[0])
