@@ -420,6 +420,7 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             continue
         if op == "Expand" and ins[1] in consts and not isinstance(consts[ins[1]], list):
             layers.append(_expand(node, act(ins[0]), out, np.asarray(consts[ins[1]]).reshape(-1).tolist(), shapes))
+            continue
         if op == "Cast" and alias.get(ins[0], ins[0]) in integer:
             # token ids are exact floats in every tier: a Cast of them (to another integer type, or to float) is
             # the same values
