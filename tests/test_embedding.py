@@ -296,3 +296,24 @@ def test_the_types_take_ids(tmp_path):
     r = subprocess.run([tsc, *flags], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     errors = [line for line in r.stdout.splitlines() if "error TS" in line]
     assert len(errors) == 1 and errors[0].startswith("usage.ts(12,"), r.stdout + r.stderr
+
+
+def test_weights_trained_in_the_page_import_back_into_an_integer_input_model(tmp_path):
+    """texelfit import-weights --input-dtype int64: the state_dict and the ONNX model (int64 ids in) of it."""
+    import json
+
+    import onnx
+
+    from texelfit.importer import import_weights
+
+    torch.manual_seed(8)
+    trained = bag_padded()
+    (tmp_path / "w.json").write_text(json.dumps({k: v.reshape(-1).tolist() for k, v in trained.state_dict().items()}))
+    out = str(tmp_path / "m.onnx")
+    graph = import_weights(str(tmp_path / "w.json"), "test_embedding:bag_padded", out, input_shape=(T,),
+                           input_dtype="int64")
+    assert graph.input_dtype == "int64"
+    back = to_ir(onnx.load(out), (T,))
+    assert back.input_dtype == "int64" and np.array_equal(back.params["emb.weight"].array, trained.emb.weight.detach())
+    x = torch.randint(0, V, (3, T))
+    assert torch.allclose(IRModule(back)(x), trained(x), atol=1e-6)
