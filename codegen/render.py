@@ -207,6 +207,7 @@ def report(name: str, graph: Graph, plan: LayoutPlan, ctx: dict, files: dict[str
         "name": name,
         "version": VERSION,
         "input_shape": list(graph.input_shape),
+        "input_dtype": graph.input_dtype,  # float32, or int64 / int32 token ids (build --input-dtype)
         "output_shape": list(graph.output_shape),
         "parameters": graph.parameter_count(),
         "layers": layers,

@@ -6,6 +6,8 @@ WebGL2 (float32), in the rgba8 tier and on the CPU backend, at the README's tole
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -96,6 +98,9 @@ def test_the_cli_builds_an_integer_input(tmp_path):
     assert r.returncode == 0, r.stderr
     js = (tmp_path / "bag.js").read_text()
     assert '"inputDtype":"int64","idRange":50' in js and "// texelfit kernel: embedding_grad_weight" in js
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["input_dtype"] == "int64"
+    assert [layer["op"] for layer in report["layers"]][0] == "embedding"
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -300,8 +305,6 @@ def test_the_types_take_ids(tmp_path):
 
 def test_weights_trained_in_the_page_import_back_into_an_integer_input_model(tmp_path):
     """texelfit import-weights --input-dtype int64: the state_dict and the ONNX model (int64 ids in) of it."""
-    import json
-
     import onnx
 
     from texelfit.importer import import_weights
@@ -317,3 +320,24 @@ def test_weights_trained_in_the_page_import_back_into_an_integer_input_model(tmp
     assert back.input_dtype == "int64" and np.array_equal(back.params["emb.weight"].array, trained.emb.weight.detach())
     x = torch.randint(0, V, (3, T))
     assert torch.allclose(IRModule(back)(x), trained(x), atol=1e-6)
+
+
+class CastIds(nn.Module):
+    """int32 ids cast to int64 for the table, and to float as features beside the pooled embeddings."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.head = nn.Linear(D + T, 3)
+
+    def forward(self, ids):
+        return self.head(torch.cat([self.emb(ids.long()).mean(1), ids.float() / V], 1))
+
+
+def test_casts_of_the_ids_are_the_same_values():
+    torch.manual_seed(9)
+    m = CastIds().eval()
+    g = to_ir(export_simplified(m, (T,), "int32"), (T,))
+    assert g.input_dtype == "int32" and [layer.op for layer in g.layers][0] == "embedding"
+    x = torch.randint(0, V, (3, T), dtype=torch.int32)
+    assert torch.allclose(IRModule(g)(x), m(x), atol=1e-5)
