@@ -228,6 +228,7 @@ def report(name: str, graph: Graph, plan: LayoutPlan, ctx: dict, files: dict[str
         "version": VERSION,
         "input_shape": list(graph.input_shape),
         "inputs": [{k: v for k, v in r.items() if k != "texture"} for r in input_records(graph, plan)],
+        "input_dtype": graph.input_dtype,  # float32, or int64 / int32 token ids (build --input-dtype)
         "output_shape": list(graph.output_shape),
         "parameters": graph.parameter_count(),
         "layers": layers,

@@ -421,9 +421,9 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
         if op == "Expand" and ins[1] in consts and not isinstance(consts[ins[1]], list):
             layers.append(_expand(node, act(ins[0]), out, np.asarray(consts[ins[1]]).reshape(-1).tolist(), shapes))
             continue
-        if op == "Cast" and alias.get(ins[0], ins[0]) in integer:
-            # token ids are exact floats in every tier: a Cast of them (to another integer type, or to float) is
-            # the same values
+        if op == "Cast" and alias.get(ins[0], ins[0]) in integer and a.get("to") in (1, 6, 7, 11):
+            # token ids are exact floats in every tier: a Cast of them to int32, int64, float or double is the
+            # same values (to bool or to a narrower type would not be: those fail below)
             alias[out] = act(ins[0])
             if a.get("to") in (6, 7):  # to int32, int64
                 integer.add(out)

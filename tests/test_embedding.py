@@ -6,6 +6,8 @@ WebGL2 (float32), in the rgba8 tier and on the CPU backend, at the README's tole
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,8 @@ from texelfit.prep.graph import to_ir
 from texelfit.prep.load import BuildError, export_simplified
 from texelfit.prep.torch_ir import IRModule
 
+F16_FWD = dict(atol=2e-2, rtol=2e-2)  # the README's float16 tolerances (tests/test_tiers.py)
+F16_GRAD = dict(atol=1e-5, rtol=0, norm=1e-2)
 BACKENDS = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"}}
 V, D, T = 50, 16, 7  # vocabulary, features, tokens (odd: a partial texel of ids)
 
@@ -94,6 +98,9 @@ def test_the_cli_builds_an_integer_input(tmp_path):
     assert r.returncode == 0, r.stderr
     js = (tmp_path / "bag.js").read_text()
     assert '"inputDtype":"int64","idRange":50' in js and "// texelfit kernel: embedding_grad_weight" in js
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["input_dtype"] == "int64"
+    assert [layer["op"] for layer in report["layers"]][0] == "embedding"
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -173,7 +180,7 @@ BAD = """
                 Float32Array.from([1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 49])];
     const outs = [];
     for (const x of ok) outs.push(Array.from(await m.predict(x, 2)));
-    return { errors, before, after: arr(await m.getWeights()), outs };
+    return { errors, before, after: arr(await m.getWeights()), outs, info: [m.info.inputDtype, m.info.idRange] };
 """
 
 
@@ -195,6 +202,7 @@ def test_bad_ids_reject_with_bad_input_and_lose_nothing(web, site, backend):
     assert 'x[0] (input "input", sample 0, token 0) is "1"' in msgs["strings"]
     assert 'must be an Int32Array of token ids, got a Uint8Array' in msgs["bytes"]
     assert got["after"] == got["before"]  # the rejected fits trained nothing
+    assert got["info"] == ["int64", V]
     ref = module(torch.tensor([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 49]])).detach()
     for out in got["outs"]:  # Int32Array, plain Array and Float32Array of integers alike
         assert_close("forward", out, ref, **FWD)
@@ -222,8 +230,10 @@ def big_table(site):
                                 trainable="head.*")
 
 
-@pytest.mark.parametrize("backend", ["webgl", "cpu"])
+@pytest.mark.parametrize("backend", ["webgl", "cpu", "float16"])
 def test_a_big_frozen_table_folds_and_gathers(web, big_table, backend):
+    """Ids up to 30521 (halves near it are 16 apart: the float16 tier keeps the ids texture exact, in RGBA8),
+    on a table folded at a texture limit of 8192."""
     module, url = big_table
     x = torch.tensor([[0, 30521, 17, 30521, 12345], [29999, 1, 2, 3, 30000], [5, 5, 5, 5, 5]])
     y = torch.tensor([0, 2, 1])
@@ -231,15 +241,17 @@ def test_a_big_frozen_table_folds_and_gathers(web, big_table, backend):
         const x = Int32Array.from(args.x), y = Int32Array.from(args.y);
         return { out: Array.from(await m.predict(x, 3)), grads: arr(await m.gradients(x, y)),
                  folded: m.info.foldedTextures, max: m.info.maxTextureSize };
-    """, {"x": x.reshape(-1).tolist(), "y": y.tolist()}, {"backend": "cpu"} if backend == "cpu" else {"maxTextureSize": 8192})
+    """, {"x": x.reshape(-1).tolist(), "y": y.tolist()}, {"backend": "cpu"} if backend == "cpu" else
+        {"maxTextureSize": 8192, **({"precision": "float16"} if backend == "float16" else {})})
     module.zero_grad()  # (the module is the fixture's: each backend's test backpropagates once)
     out = module(x)
     F.cross_entropy(out, y).backward()
-    assert_close("big table forward", got["out"], out.detach(), **FWD)
+    fwd, grad = (F16_FWD, F16_GRAD) if backend == "float16" else (FWD, GRAD)
+    assert_close("big table forward", got["out"], out.detach(), **fwd)
     assert sorted(got["grads"]) == ["head.bias", "head.weight"]
     for name in got["grads"]:
-        assert_close(f"big table d/d{name}", got["grads"][name], dict(module.named_parameters())[name].grad, **GRAD)
-    if backend == "webgl":
+        assert_close(f"big table d/d{name}", got["grads"][name], dict(module.named_parameters())[name].grad, **grad)
+    if backend != "cpu":
         assert got["max"] == 8192 and got["folded"] == 1  # the table's 30522 rows: past the texture limit
 
 
@@ -265,6 +277,7 @@ async function main(): Promise<void> {
   await m.fit(new Int32Array(14), Int32Array.from([0, 1]), { epochs: 1 });
   await m.gradients(ids, Int32Array.from([0]));
   await m.features(ids, 1);
+  const range: number = m.info.idRange;
   WRONG
 }
 main();
@@ -283,8 +296,48 @@ def test_the_types_take_ids(tmp_path):
                                             trainable="head.*").files)
     flags = ["--strict", "--noEmit", "--target", "ES2022", "--module", "ES2022", "--moduleResolution", "bundler",
              "--lib", "ES2022,DOM", "usage.ts"]
-    # one run: every call type-checks but the one wrong call (strings are not ids), line 11
+    # one run: every call type-checks but the one wrong call (strings are not ids), line 12
     (tmp_path / "usage.ts").write_text(IDS_USAGE.replace("WRONG", 'await m.predict(["1"], 1);'))
     r = subprocess.run([tsc, *flags], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     errors = [line for line in r.stdout.splitlines() if "error TS" in line]
-    assert len(errors) == 1 and errors[0].startswith("usage.ts(11,"), r.stdout + r.stderr
+    assert len(errors) == 1 and errors[0].startswith("usage.ts(12,"), r.stdout + r.stderr
+
+
+def test_weights_trained_in_the_page_import_back_into_an_integer_input_model(tmp_path):
+    """texelfit import-weights --input-dtype int64: the state_dict and the ONNX model (int64 ids in) of it."""
+    import onnx
+
+    from texelfit.importer import import_weights
+
+    torch.manual_seed(8)
+    trained = bag_padded()
+    (tmp_path / "w.json").write_text(json.dumps({k: v.reshape(-1).tolist() for k, v in trained.state_dict().items()}))
+    out = str(tmp_path / "m.onnx")
+    graph = import_weights(str(tmp_path / "w.json"), "test_embedding:bag_padded", out, input_shape=(T,),
+                           input_dtype="int64")
+    assert graph.input_dtype == "int64"
+    back = to_ir(onnx.load(out), (T,))
+    assert back.input_dtype == "int64" and np.array_equal(back.params["emb.weight"].array, trained.emb.weight.detach())
+    x = torch.randint(0, V, (3, T))
+    assert torch.allclose(IRModule(back)(x), trained(x), atol=1e-6)
+
+
+class CastIds(nn.Module):
+    """int32 ids cast to int64 for the table, and to float as features beside the pooled embeddings."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.head = nn.Linear(D + T, 3)
+
+    def forward(self, ids):
+        return self.head(torch.cat([self.emb(ids.long()).mean(1), ids.float() / V], 1))
+
+
+def test_casts_of_the_ids_are_the_same_values():
+    torch.manual_seed(9)
+    m = CastIds().eval()
+    g = to_ir(export_simplified(m, (T,), "int32"), (T,))
+    assert g.input_dtype == "int32" and [layer.op for layer in g.layers][0] == "embedding"
+    x = torch.randint(0, V, (3, T), dtype=torch.int32)
+    assert torch.allclose(IRModule(g)(x), m(x), atol=1e-5)

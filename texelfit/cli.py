@@ -192,6 +192,8 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--input-shape", type=_shapes, action="append",
                    help="per-sample input shape, for PyTorch sources (with --inputs one per input)")
     i.add_argument("--inputs", metavar="NAMES", help="the input names of a PyTorch source with several inputs")
+    i.add_argument("--input-dtype", type=_dtypes, default=None,
+                   help="element type of the input (int64 / int32: token ids), as given to build")
     i.add_argument("--trust-pickle", action="store_true")
     i.add_argument("--partial", action="store_true",
                    help="FILE may hold only some tensors (e.g. the photo demo's trained head); the others come from SOURCE")
@@ -319,7 +321,8 @@ def main(argv=None) -> int:
             from texelfit.importer import import_weights
 
             graph = import_weights(args.file, args.source, args.out, input_shape=_input_shape(args), inputs=args.inputs,
-                                   weights=args.weights, trust_pickle=args.trust_pickle, partial=args.partial)
+                                   weights=args.weights, trust_pickle=args.trust_pickle, partial=args.partial,
+                                   input_dtype=args.input_dtype)
             print(f"texelfit: wrote {args.out}: {len(graph.params)} tensors, {graph.parameter_count()} parameters")
     except BuildError as e:
         print(f"texelfit: error: {e}", file=sys.stderr)

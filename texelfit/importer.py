@@ -53,11 +53,12 @@ def apply_weights(graph: Graph, weights: dict[str, np.ndarray], where: str, *, p
 
 
 def import_weights(file: str, source: str, out: str, *, input_shape=None, inputs=None, weights: str | None = None,
-                   trust_pickle: bool = False, partial: bool = False) -> Graph:
+                   trust_pickle: bool = False, partial: bool = False, input_dtype=None) -> Graph:
     if not (out.endswith(".pt") or out.endswith(".onnx")):
         raise BuildError(f"--out {out!r} must end in .pt (a state_dict) or .onnx")
     graph = fold_batchnorm(to_ir(load_onnx(source, weights=weights, input_shape=input_shape,
-                                           trust_pickle=trust_pickle, inputs=inputs), input_shape))
+                                           trust_pickle=trust_pickle, inputs=inputs, input_dtype=input_dtype),
+                                 input_shape, input_dtype))
     graph = apply_weights(graph, read_weights(file), file, partial=partial)
     if out.endswith(".pt"):
         import torch

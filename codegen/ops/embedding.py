@@ -11,7 +11,10 @@ backward   embedding_grad_weight   IDS, DY  -> dW    rows: full    dW[v] = sum o
 The gradient is a scatter-add, drawn as a gather: each fragment of dW (a row v, 4 features) loops over
 the batch's N*T ids and adds the rows of dY whose id is v. That is N*T id comparisons a texel (cheap at
 the batches that train: 16 x 128 ids is 2048 fetches of 4 ids, 512 a texel), exact and the same in
-every tier. A scatter by points with additive blending would be V times fewer fetches, but blending
+every tier; but V * F/4 * N * T in all (SwiftShader: 121 ms at V = 1000, F = 64, 16 x 32 ids; 1.1 s at
+V = 5000), so it suits small trainable vocabularies. A faster one: the runtime, which holds the ids in JS,
+could upload each batch's positions sorted by id (an offset per table row) so that a row loops over its
+own occurrences only. A scatter by points with additive blending would be V times fewer fetches, but blending
 into float32 targets needs EXT_float_blend, and packed floats (the rgba8 tier) cannot be blended at all.
 The ids (an input) never need a gradient; a frozen table (--trainable) has no backward pass.
 """
