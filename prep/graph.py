@@ -21,7 +21,7 @@ from .elementwise import BY_ONNX
 from .ir import Graph, Layer, Param
 from . import onnx_shape, resample
 from .load import PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, initializer_arrays
-from .shape import chain_shape
+from .shape import chain_shape, part_shape
 
 N = "N"  # the batch dimension in symbolic shape values
 
@@ -151,16 +151,15 @@ def to_ir(model, input_shape=None) -> Graph:
             raise BuildError(f"tensor {name!r} is {what}")
         return name
 
-    def gather(node, out, parts, tensors, name=None):
-        """A gather layer (prep/shape.py) of `parts` ({input: slot, const, ops}) over `tensors`; a chain
-        that changes nothing is an alias."""
+    def gather(node, out, parts, tensors, name=None, params=None):
+        """A gather layer (prep/shape.py) of `parts` ({input: slot, const, ops}, or a parameter's {param: role,
+        shape, ops}) over `tensors`; a chain that changes nothing is an alias."""
         if len(parts) == 1 and parts[0]["input"] is not None and not parts[0]["ops"]:
             alias[out] = tensors[0]
             return
-        layers.append(Layer("gather", name or node.name, list(tensors), [out], {"parts": parts}))
+        layers.append(Layer("gather", name or node.name, list(tensors), [out], {"parts": parts}, dict(params or {})))
         p = parts[0]
-        shapes[out] = chain_shape(shapes[tensors[p["input"]]] if p["input"] is not None else p["const"].shape,
-                                  p["ops"])
+        shapes[out] = chain_shape(part_shape(p, [shapes[t] for t in tensors]), p["ops"])
 
     def view(node, x, ops, out=None, name=None):
         gather(node, out or node.output[0], [{"input": 0, "const": None, "ops": list(ops)}], [x], name)
@@ -273,14 +272,18 @@ def to_ir(model, input_shape=None) -> Graph:
                              "products of two activations are not supported")
         return np.asarray(arr, dtype=np.float32)
 
-    def param(node, i, *, matmul_layout=False) -> str:
-        """Register input i of node as a trainable parameter; returns its name.
+    def param(node, i, *, matmul_layout=False, source=None) -> str:
+        """Register input i of node (or the initializer `source` it was computed from: a class token's
+        Expand) as a trainable parameter; returns its name.
 
         matmul_layout: the kernel computes x @ B, so B is [in, out]: transposed against Linear's
         [out, in], unless the initializer is itself the state_dict tensor transposed (restored by
         prep.load after constant folding)."""
-        arr = weight(node, i)
-        name = source = node.input[i]
+        if source is None:
+            arr = weight(node, i)
+            name = source = node.input[i]
+        else:
+            arr, name = np.asarray(consts[source], dtype=np.float32), source
         uses[source] = uses.get(source, 0) + 1
         if uses[source] > 1:  # an initializer shared by several layers (an ONNX file may dedupe equal tensors)
             name = f"{source}@{node.name or len(params)}"
@@ -583,11 +586,6 @@ def to_ir(model, input_shape=None) -> Graph:
                                        trainable_names))
             continue
         if op == "Concat":
-            if any(i in expanded_params for i in ins):
-                token = expanded_params[next(i for i in ins if i in expanded_params)]
-                raise BuildError(f"{_where(node)}: Concat of the parameter {token!r} "
-                                 "expanded over the batch (a class token) is not supported yet: it would train as a "
-                                 "constant; pool over the tokens instead (x.mean(1))")
             operands = [batch_consts[i] if i in batch_consts else act(i) for i in ins]
             sample = [o.shape if isinstance(o, np.ndarray) else shapes[o] for o in operands]
             rank = len(sample[0])
@@ -604,8 +602,11 @@ def to_ir(model, input_shape=None) -> Graph:
                 shapes[out] = (sum(shapes[t][0] for t in operands),) + shapes[operands[0]][1:]
                 continue
             # any other axis, or constant operands: a gather of the operands, each padded to its place
-            parts, tensors = onnx_shape.concat_parts(_where(node), axis, operands, sample)
-            gather(node, out, parts, tensors)
+            # (a parameter expanded over the batch, a class token, is a part that reads it and trains)
+            tokens = {k: param(node, k, source=expanded_params[i]) for k, i in enumerate(ins) if i in expanded_params}
+            parts, tensors = onnx_shape.concat_parts(_where(node), axis, operands, sample,
+                                                     {k: ("part:" + t, params[t].array) for k, t in tokens.items()})
+            gather(node, out, parts, tensors, params={"part:" + t: t for t in tokens.values()})
             continue
         if op in ("Resize", "Upsample") or (op == "Pad" and resample.pad_mode(a) in ("edge", "reflect")):
             x = act(ins[0])
