@@ -35,6 +35,10 @@ MODULE_HINTS = {"InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
                 "GroupNormalization": "nn.GroupNorm", "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN",
                 "Gelu": "nn.GELU", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
                 "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
+# ops refused by decision, not by omission: why, in the build error
+_RECURRENT = ("recurrent layers are not supported yet (attention, nn.TransformerEncoderLayer, or a 1-D conv over "
+              "the sequence builds)")
+NOT_YET = {"GRU": _RECURRENT, "LSTM": _RECURRENT, "RNN": _RECURRENT}
 # only on constants and shape values (Expand and ConstantOfShape also to a batch of one constant sample:
 # an operand of Concat)
 SHAPE_ONLY = ("Shape", "Gather", "Cast", "Equal", "Where", "Expand", "ConstantOfShape")
@@ -849,7 +853,8 @@ def _check_supported(g, consts) -> None:
     for op, nodes in bad.items():
         hint = f" (from {MODULE_HINTS[op]})" if op in MODULE_HINTS else ""
         shown = ", ".join(repr(n) for n in nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
-        parts.append(f"{op}{hint} at node{'s' if len(nodes) > 1 else ''} {shown}")
+        why = f": {NOT_YET[op]}" if op in NOT_YET else ""
+        parts.append(f"{op}{hint} at node{'s' if len(nodes) > 1 else ''} {shown}{why}")
     raise BuildError(f"unsupported ONNX op{'s' if len(bad) > 1 else ''} {'; '.join(parts)}; "
                      f"supported ops: {', '.join(SUPPORTED_OPS)}")
 

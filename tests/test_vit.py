@@ -52,6 +52,46 @@ def vit_post_norm():
     return ClassTokenViT(norm_first=False)
 
 
+class TorchvisionStyleViT(nn.Module):
+    """torchvision.models.VisionTransformer's forward written out (torchvision is not installed here): the patch
+    conv reshaped to [n, hidden, patches] with n = x.shape[0] and permuted, the class token (zeros at init, as
+    torchvision's) expanded and concatenated, the position embedding added inside the encoder, pre-norm blocks of
+    nn.MultiheadAttention and an MLP with GELU, a final LayerNorm, the head on x[:, 0]."""
+
+    def __init__(self, d=16, heads=2, mlp=32, layers=2, classes=5):
+        super().__init__()
+        self.conv_proj = nn.Conv2d(3, d, 4, stride=4)
+        self.class_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos_embedding = nn.Parameter(torch.empty(1, 5, d).normal_(std=0.02))
+        self.blocks = nn.ModuleList(nn.ModuleDict({
+            "ln_1": nn.LayerNorm(d, eps=1e-6), "self_attention": nn.MultiheadAttention(d, heads, batch_first=True),
+            "ln_2": nn.LayerNorm(d, eps=1e-6),
+            "mlp": nn.Sequential(nn.Linear(d, mlp), nn.GELU(), nn.Linear(mlp, d))}) for _ in range(layers))
+        self.ln = nn.LayerNorm(d, eps=1e-6)
+        self.heads = nn.Sequential(nn.Linear(d, classes))
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+
+    def forward(self, x):
+        n = x.shape[0]
+        x = self.conv_proj(x)
+        x = x.reshape(n, x.shape[1], -1).permute(0, 2, 1)
+        x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1) + self.pos_embedding
+        for b in self.blocks:
+            y = b["ln_1"](x)
+            x = x + b["self_attention"](y, y, y, need_weights=False)[0]
+            x = x + b["mlp"](b["ln_2"](x))
+        return self.heads(self.ln(x)[:, 0])
+
+
+def torchvision_style_vit():
+    return TorchvisionStyleViT()
+
+
+TV_IMG = (3, 8, 8)
+
+
 def test_the_class_token_imports_as_a_trainable_part_of_the_gather():
     """The IR run in PyTorch is the module; the class token is a parameter under its state_dict name, read by
     the gather that lays out the patches (one layer: flatten, transpose and concat composed)."""
@@ -71,6 +111,17 @@ def test_the_class_token_imports_as_a_trainable_part_of_the_gather():
         ir(x).sum().backward()
         m(x).sum().backward()
         assert torch.allclose(ir.p["cls"].grad, m.cls.grad, atol=1e-5)
+    m = torchvision_style_vit().eval()
+    g = to_ir(export_simplified(m, TV_IMG), TV_IMG)
+    x = torch.randn(3, *TV_IMG)
+    assert torch.allclose(IRModule(g)(x), m(x), atol=1e-5)
+    assert g.layers[1].params == {"part:class_token": "class_token"}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "webgl"])
+def test_torchvision_style_vit_forward_and_gradients(web, site, backend):
+    check_op(web, site, "vit_tv", torchvision_style_vit, TV_IMG, "cross_entropy", batch=4, seed=2,
+             options=BACKENDS[backend])
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
