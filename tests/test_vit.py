@@ -160,9 +160,14 @@ def test_class_token_vit_trains_like_pytorch_with_sgd(web, site, backend, opt):
                    epochs=1, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=6, options=BACKENDS[backend], max_batch=8)
 
 
-def test_get_weights_returns_the_class_token_under_its_name(web, site):
+def test_get_weights_returns_the_class_token_under_its_name(web, site, tmp_path):
     """getWeights has the class token (and the position embedding) under their state_dict names; setWeights of
-    new values changes predict as it changes the module."""
+    new values changes predict as it changes the module; and import-weights takes them back into a state_dict
+    that the module loads and predicts with as the page does."""
+    import json
+
+    from texelfit.importer import import_weights
+
     torch.manual_seed(7)
     m = vit_pre_norm().eval()
     url = build_module(site, "vit_cls_weights", m, IMG, max_batch=4)
@@ -172,15 +177,22 @@ def test_get_weights_returns_the_class_token_under_its_name(web, site):
         const w = arr(await m.getWeights());
         await m.setWeights({ cls: new Float32Array(args.cls) });
         const back = arr(await m.getWeights());
-        return { w, cls: back.cls, out: Array.from(await m.predict(new Float32Array(args.x), 2)) };
+        return { w, back, out: Array.from(await m.predict(new Float32Array(args.x), 2)) };
     """, {"x": x.reshape(-1).tolist(), "cls": new_cls.reshape(-1).tolist()})
     assert sorted(got["w"]) == sorted(n for n, _ in m.named_parameters())
     assert got["w"]["cls"] == pytest.approx(m.cls.detach().reshape(-1).tolist(), abs=0)
     assert got["w"]["pos"] == pytest.approx(m.pos.detach().reshape(-1).tolist(), abs=0)
-    assert got["cls"] == pytest.approx(new_cls.reshape(-1).tolist(), abs=0)
+    assert got["back"]["cls"] == pytest.approx(new_cls.reshape(-1).tolist(), abs=0)
+    (tmp_path / "w.json").write_text(json.dumps(got["back"]))
+    (tmp_path / "m.onnx").write_bytes(export_simplified(m, IMG).SerializeToString())
+    import_weights(str(tmp_path / "w.json"), str(tmp_path / "m.onnx"), str(tmp_path / "w.pt"))
+    state = torch.load(tmp_path / "w.pt")
+    assert tuple(state["cls"].shape) == (1, 1, 16)
+    fresh = vit_pre_norm().eval()
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.cls, new_cls)
     with torch.no_grad():
-        m.cls.copy_(new_cls)
-        ref = m(x).reshape(-1).tolist()
+        ref = fresh(x).reshape(-1).tolist()
     assert got["out"] == pytest.approx(ref, abs=2e-5, rel=2e-4)
 
 
