@@ -22,7 +22,7 @@ from .ir import Graph, Layer, Param
 from . import onnx_shape, resample
 from .load import INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, \
     initializer_arrays
-from .shape import chain_shape
+from .shape import chain_shape, part_shape
 
 N = "N"  # the batch dimension in symbolic shape values
 F32_MAX = float(np.finfo(np.float32).max)  # an infinite constant that a kernel bakes in (select_eq's -inf fill)
@@ -37,6 +37,10 @@ MODULE_HINTS = {"InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
                 "GroupNormalization": "nn.GroupNorm", "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN",
                 "Gelu": "nn.GELU", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
                 "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
+# ops refused by decision, not by omission: why, in the build error
+_RECURRENT = ("recurrent layers are not supported yet (attention, nn.TransformerEncoderLayer, or a 1-D conv over "
+              "the sequence builds)")
+NOT_YET = {"GRU": _RECURRENT, "LSTM": _RECURRENT, "RNN": _RECURRENT}
 # only on constants and shape values (Expand and ConstantOfShape also to a batch of one constant sample:
 # an operand of Concat)
 SHAPE_ONLY = ("Shape", "Gather", "Cast", "Equal", "Where", "Expand", "ConstantOfShape")
@@ -198,16 +202,15 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             raise BuildError(f"tensor {name!r} is {what}")
         return name
 
-    def gather(node, out, parts, tensors, name=None):
-        """A gather layer (prep/shape.py) of `parts` ({input: slot, const, ops}) over `tensors`; a chain
-        that changes nothing is an alias."""
+    def gather(node, out, parts, tensors, name=None, params=None):
+        """A gather layer (prep/shape.py) of `parts` ({input: slot, const, ops}, or a parameter's {param: role,
+        shape, ops}) over `tensors`; a chain that changes nothing is an alias."""
         if len(parts) == 1 and parts[0]["input"] is not None and not parts[0]["ops"]:
             alias[out] = tensors[0]
             return
-        layers.append(Layer("gather", name or node.name, list(tensors), [out], {"parts": parts}))
+        layers.append(Layer("gather", name or node.name, list(tensors), [out], {"parts": parts}, dict(params or {})))
         p = parts[0]
-        shapes[out] = chain_shape(shapes[tensors[p["input"]]] if p["input"] is not None else p["const"].shape,
-                                  p["ops"])
+        shapes[out] = chain_shape(part_shape(p, [shapes[t] for t in tensors]), p["ops"])
 
     def view(node, x, ops, out=None, name=None):
         gather(node, out or node.output[0], [{"input": 0, "const": None, "ops": list(ops)}], [x], name)
@@ -321,14 +324,18 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
                              "products of two activations are not supported")
         return np.asarray(arr, dtype=np.float32)
 
-    def param(node, i, *, matmul_layout=False) -> str:
-        """Register input i of node as a trainable parameter; returns its name.
+    def param(node, i, *, matmul_layout=False, source=None) -> str:
+        """Register input i of node (or the initializer `source` it was computed from: a class token's
+        Expand) as a trainable parameter; returns its name.
 
         matmul_layout: the kernel computes x @ B, so B is [in, out]: transposed against Linear's
         [out, in], unless the initializer is itself the state_dict tensor transposed (restored by
         prep.load after constant folding)."""
-        arr = weight(node, i)
-        name = source = node.input[i]
+        if source is None:
+            arr = weight(node, i)
+            name = source = node.input[i]
+        else:
+            arr, name = np.asarray(consts[source], dtype=np.float32), source
         uses[source] = uses.get(source, 0) + 1
         if uses[source] > 1:  # an initializer shared by several layers (an ONNX file may dedupe equal tensors)
             name = f"{source}@{node.name or len(params)}"
@@ -676,11 +683,6 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
                                        trainable_names))
             continue
         if op == "Concat":
-            if any(i in expanded_params for i in ins):
-                token = expanded_params[next(i for i in ins if i in expanded_params)]
-                raise BuildError(f"{_where(node)}: Concat of the parameter {token!r} "
-                                 "expanded over the batch (a class token) is not supported yet: it would train as a "
-                                 "constant; pool over the tokens instead (x.mean(1))")
             operands = [batch_consts[i] if i in batch_consts else act(i) for i in ins]
             sample = [o.shape if isinstance(o, np.ndarray) else shapes[o] for o in operands]
             rank = len(sample[0])
@@ -697,8 +699,11 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
                 shapes[out] = (sum(shapes[t][0] for t in operands),) + shapes[operands[0]][1:]
                 continue
             # any other axis, or constant operands: a gather of the operands, each padded to its place
-            parts, tensors = onnx_shape.concat_parts(_where(node), axis, operands, sample)
-            gather(node, out, parts, tensors)
+            # (a parameter expanded over the batch, a class token, is a part that reads it and trains)
+            tokens = {k: param(node, k, source=expanded_params[i]) for k, i in enumerate(ins) if i in expanded_params}
+            parts, tensors = onnx_shape.concat_parts(_where(node), axis, operands, sample,
+                                                     {k: ("part:" + t, params[t].array) for k, t in tokens.items()})
+            gather(node, out, parts, tensors, params={"part:" + t: t for t in tokens.values()})
             continue
         if op in ("Resize", "Upsample") or (op == "Pad" and resample.pad_mode(a) in ("edge", "reflect")):
             x = act(ins[0])
@@ -969,7 +974,8 @@ def _check_supported(g, consts) -> None:
     for op, nodes in bad.items():
         hint = f" (from {MODULE_HINTS[op]})" if op in MODULE_HINTS else ""
         shown = ", ".join(repr(n) for n in nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
-        parts.append(f"{op}{hint} at node{'s' if len(nodes) > 1 else ''} {shown}")
+        why = f": {NOT_YET[op]}" if op in NOT_YET else ""
+        parts.append(f"{op}{hint} at node{'s' if len(nodes) > 1 else ''} {shown}{why}")
     raise BuildError(f"unsupported ONNX op{'s' if len(bad) > 1 else ''} {'; '.join(parts)}; "
                      f"supported ops: {', '.join(SUPPORTED_OPS)}")
 

@@ -38,7 +38,9 @@ Ops, grouped:
                gather       every other shape op on activations (Reshape, Transpose, Flatten on any axis,
                             Squeeze, Unsqueeze, Slice, Split, Concat off the channel axis or with constants):
                             attrs: parts, a list of {input: slot in `inputs` or None, const: per-sample
-                            array or None, ops: chain of view ops}; the output is the sum of the parts,
+                            array or None, ops: chain of view ops} (or of {param: role in `params`, shape:
+                            its per-sample shape, ops}: a parameter repeated over the batch, a class token,
+                            whose gradient is the sum over the batch); the output is the sum of the parts,
                             each zero outside what it covers (prep/shape.py draws the ops and their maps).
                             Consecutive ones compose into one (prep.graph); one that keeps the texels
                             (layout.gather_is_view) is no pass

@@ -135,7 +135,10 @@ def gather_part_views(layer, graph: Graph, part: dict, *, backward: bool = False
     from .shape import inverse_ops, part_views
 
     out = graph.shapes[layer.outputs[0]]
-    if part["input"] is None:
+    if part.get("param") is not None:  # a class token: stored as one sample of its per-sample shape
+        src = tuple(part["shape"])
+        src_storage, to_logical = chw(src), storage_ops(src)
+    elif part["input"] is None:
         src, src_storage, to_logical = part["const"].shape, part["const"].shape, []
     else:
         src = graph.shapes[layer.inputs[part["input"]]]
@@ -465,8 +468,10 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         elif layer.op == "embedding":  # the table W[V, F]: a row an id, F in the texel (folded when V is large)
             packing = matrix_packing(*p.array.shape)
             height = p.array.shape[0]
-        elif layer.op in ELEMENTWISE:  # an operand (a PRelu slope, a layer scale): one sample of its shape
-            shape = next(o["shape"] for o in operands(layer, graph) if o.get("role") == role)
+        elif layer.op in ELEMENTWISE or layer.op == "gather":
+            # an operand (a PRelu slope, a layer scale) or a gather's part (a class token): one sample of its shape
+            shape = next(o["shape"] for o in (operands(layer, graph) if layer.op != "gather" else
+                                              layer.attrs["parts"]) if role in (o.get("role"), o.get("param")))
             packing = activation_packing(tuple(shape), 1)
             height = packing.rows
         elif layer.op in ("conv", "conv_transpose"):  # a transposed conv's [IC, OCg, KH, KW] as a conv's

@@ -107,12 +107,16 @@ def compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
             for q, names in srcs:
                 src = q if q is not None else p
                 ops = list(src["ops"]) + (list(p["ops"]) if q is not None else [])
-                if src["input"] is None:
+                if src.get("param") is not None:
+                    parts.append({"input": None, "const": None, "param": src["param"], "shape": src["shape"],
+                                  "ops": ops})
+                elif src["input"] is None:
                     parts.append({"input": None, "const": src["const"], "ops": ops})
                 else:
                     parts.append({"input": len(tensors), "const": None, "ops": ops})
                     tensors.append(names[src["input"]])
-        merged = Layer("gather", outer.name, tensors, list(outer.outputs), {"parts": parts})
+        merged = Layer("gather", outer.name, tensors, list(outer.outputs), {"parts": parts},
+                       {**inner.params, **outer.params})
         layers = [merged if l is outer else l for l in layers if l is not inner]
         del shapes[inner.outputs[0]]  # never laid out
 
@@ -137,13 +141,24 @@ def batch_constant(where: str, op: str, a: dict, vals) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(data, shape), dtype=np.float32)
 
 
-def concat_parts(where: str, ax: int, operands, sample) -> tuple[list[dict], list[str]]:
+def concat_parts(where: str, ax: int, operands, sample, params=None) -> tuple[list[dict], list[str]]:
     """The parts of a gather concatenating `operands` (tensor names, or per-sample constant arrays) of
-    per-sample shapes `sample` on axis `ax`: each padded to its place; and the tensors they read."""
+    per-sample shapes `sample` on axis `ax`: each padded to its place; and the tensors they read.
+    `params`: operand index -> (role, parameter array) of the constants that are a trainable parameter
+    repeated over the batch (a class token): a part reading the parameter, its gradient the sum over the
+    batch (codegen/ops/gather.py)."""
     total, start, parts, tensors = sum(s[ax] for s in sample), 0, [], []
-    for o, s in zip(operands, sample):
+    for k, (o, s) in enumerate(zip(operands, sample)):
         pad = [("pad", ax, start, total - start - s[ax])]
-        if isinstance(o, np.ndarray):
+        if params and k in params:
+            role, arr = params[k]
+            if arr.size != o.size:
+                raise BuildError(f"{where}: a parameter of shape {list(arr.shape)} expanded to {list(o.shape)} a "
+                                 "sample: only a parameter repeated over the batch alone (a class token, "
+                                 "[1, 1, F] expanded to [N, 1, F]) is supported")
+            parts.append({"input": None, "const": None, "param": role, "shape": tuple(int(d) for d in o.shape),
+                          "ops": pad})
+        elif isinstance(o, np.ndarray):
             if o.size > MAX_CONSTANT_FLOATS:
                 raise BuildError(f"{where}: a constant operand of {o.size} floats a sample (shape {list(o.shape)}); "
                                  f"at most {MAX_CONSTANT_FLOATS} are supported")

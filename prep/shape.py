@@ -1,7 +1,7 @@
 """Shape ops as index arithmetic: the `gather` layer's map, from output element to input element.
 
-A `gather` layer (prep/ir.py) holds *parts*; each reads one input tensor (or a constant) through a
-chain of per-sample view ops, and the output is the sum of the parts, each of which is zero outside
+A `gather` layer (prep/ir.py) holds *parts*; each reads one input tensor (or a constant, or a trainable
+parameter that is one sample repeated over the batch: a class token) through a chain of per-sample view ops, and the output is the sum of the parts, each of which is zero outside
 the region it covers (so a concatenation is parts padded to their place on the concat axis):
 
     op                      output shape of an input of shape S
@@ -68,6 +68,16 @@ class Constant:
 
     def __repr__(self):
         return f"Constant{self.shape}"
+
+
+def part_shape(part: dict, input_shapes) -> tuple[int, ...]:
+    """The per-sample shape of a gather part's source: its input's (`input_shapes[slot]`), a constant's, or
+    a parameter's (a class token: one sample of it, the same in every sample)."""
+    if part.get("param") is not None:
+        return tuple(part["shape"])
+    if part["input"] is not None:
+        return tuple(input_shapes[part["input"]])
+    return tuple(part["const"].shape)
 
 
 def shape_after(shape: tuple[int, ...], op) -> tuple[int, ...]:

@@ -148,7 +148,7 @@ class IRModule(nn.Module):
         if op == "flatten":
             return torch.flatten(x, 1)
         if op == "gather":
-            return _gather(a["parts"], ins)
+            return _gather(a["parts"], ins, lambda role: self.param(layer, role))
         raise AssertionError(f"IRModule: no forward for op {op!r}")
 
 
@@ -166,14 +166,20 @@ def _view_op(t, op):
     return F.pad(t, [0, 0] * (t.dim() - a - 2) + [lo, hi])
 
 
-def _gather(parts, ins):
-    """The sum of the parts, each its source (an input, or a constant sample repeated over the batch)
-    through its chain; a plain concatenation (each chain one pad, tiling one axis in order) as torch.cat,
-    which exports as Concat again."""
+def _gather(parts, ins, param):
+    """The sum of the parts, each its source (an input, a constant sample repeated over the batch, or a
+    parameter so repeated: a class token, `param(role)`) through its chain; a plain concatenation (each
+    chain one pad, tiling one axis in order) as torch.cat, which exports as Concat again."""
     batch = ins[0].shape[0]
-    srcs = [ins[p["input"]] if p["input"] is not None else
-            torch.from_numpy(np.array(p["const"], dtype=np.float32))[None].expand((batch,) + p["const"].shape)
-            for p in parts]
+
+    def source(p):
+        if p.get("param") is not None:
+            return param(p["param"]).reshape((1,) + tuple(p["shape"])).expand((batch,) + tuple(p["shape"]))
+        if p["input"] is not None:
+            return ins[p["input"]]
+        return torch.from_numpy(np.array(p["const"], dtype=np.float32))[None].expand((batch,) + p["const"].shape)
+
+    srcs = [source(p) for p in parts]
     pads = [p["ops"][0] if len(p["ops"]) == 1 and p["ops"][0][0] == "pad" else None for p in parts]
     if all(pads) and len({q[1] for q in pads}) == 1:
         a, at = pads[0][1], 0

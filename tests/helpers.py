@@ -138,15 +138,26 @@ FIT = """
 
 
 def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_size, epochs, tol_w, tol_loss,
-                   options=None, max_batch=64, seed=7, shuffle=False, ids=None):
+                   options=None, max_batch=64, seed=7, shuffle=False, ids=None, frozen=()):
     """Train in the page and in PyTorch from the same weights on the same batches; compare the loss
     of every step and every weight at the end. Returns what the page returned. (With `shuffle` the
     page draws its own order and PyTorch's batches are unshuffled: only the same where each batch is
-    the whole set.) With `ids` (an int V) x is int64 token ids in [0, V), passed as an Int32Array."""
+    the whole set.) With `ids` (an int V) x is int64 token ids in [0, V), passed as an Int32Array.
+    `frozen`: fnmatch patterns of parameters that do not train (build --trainable the others;
+    requires_grad False in PyTorch)."""
+    import fnmatch
+
     torch.manual_seed(seed)
     module = factory()
+    trainable = "*"
+    if frozen:
+        names = [n for n, _ in module.named_parameters()]
+        held = {n for pat in frozen for n in fnmatch.filter(names, pat)}
+        trainable = ",".join(n for n in names if n not in held)
+        for n, p in module.named_parameters():
+            p.requires_grad_(n not in held)
     url = build_module(site, f"train_{factory.__name__}_{max_batch}", module, shape, max_batch=max_batch,
-                       input_dtype="int64" if ids else "float32")
+                       input_dtype="int64" if ids else "float32", trainable=trainable)
     x = torch.randint(0, ids, (samples,) + tuple(shape)) if ids else torch.randn((samples,) + tuple(shape))
     out_shape = tuple(module(x[:1]).shape[1:])
     if loss == "cross_entropy":

@@ -179,3 +179,29 @@ def test_one_error_class_across_two_bundles(web, bundle_url, site):
                  code: e && e.code };
     }""", [bundle_url, other])
     assert got == {"same": True, "a": True, "b": True, "code": "bad-input-shape"}, got
+
+
+class _Recurrent(torch.nn.Module):
+    """A batch-first GRU or LSTM over [N, T, F] tokens, its last step into a head, as a new user writes it."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.rnn = getattr(torch.nn, kind)(8, 6, batch_first=True)
+        self.head = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+def test_a_recurrent_layer_fails_the_build_naming_it(kind):
+    """GRU and LSTM stay a build error in this release (issue 19): one that names the op, the module and the
+    node, and says they are not supported yet, before any other op is looked at."""
+    from texelfit.prep.graph import to_ir
+    from texelfit.prep.load import BuildError, export_simplified
+
+    with pytest.raises(BuildError) as e:
+        to_ir(export_simplified(_Recurrent(kind).eval(), (5, 8)), (5, 8))
+    msg = str(e.value)
+    assert f"unsupported ONNX op {kind} (from nn.{kind}) at node '/rnn/{kind}'" in msg, msg
+    assert "recurrent layers are not supported yet" in msg, msg

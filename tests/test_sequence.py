@@ -188,14 +188,13 @@ IMG = (8, 6, 5)
 
 class TinyViT(nn.Module):
     """A tiny ViT: a 4x4 patch embedding conv on a 3x8x12 image (6 tokens), a trainable position embedding added
-    by broadcast, 2 pre-norm encoder layers, the mean over the tokens, a head. With `class_token`, the token is
-    concatenated in front and the head reads it."""
+    by broadcast, 2 pre-norm encoder layers, the mean over the tokens, a head. (With a class token read by the
+    head: tests/test_vit.py.)"""
 
-    def __init__(self, d=16, class_token=False):
+    def __init__(self, d=16):
         super().__init__()
         self.patch = nn.Conv2d(3, d, 4, stride=4)
-        self.class_token = nn.Parameter(0.1 * torch.randn(1, 1, d)) if class_token else None
-        self.pos = nn.Parameter(0.1 * torch.randn(1, 6 + bool(class_token), d))
+        self.pos = nn.Parameter(0.1 * torch.randn(1, 6, d))
         layer = nn.TransformerEncoderLayer(d, 2, 32, 0.0, batch_first=True, norm_first=True)
         self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.head = nn.Linear(d, 4)
@@ -205,9 +204,6 @@ class TinyViT(nn.Module):
 
     def forward(self, x):
         t = self.patch(x).flatten(2).transpose(1, 2)
-        if self.class_token is not None:
-            t = torch.cat([self.class_token.expand(x.shape[0], -1, -1), t], 1)
-            return self.head(self.enc(t + self.pos)[:, 0])
         return self.head(self.enc(t + self.pos).mean(1))
 
 
@@ -221,16 +217,6 @@ VIT_IMG = (3, 8, 12)
 @pytest.mark.parametrize("backend", ["cpu", "webgl"])
 def test_tiny_vit_forward_and_gradients(web, site, backend):
     check_op(web, site, "tiny_vit", tiny_vit, VIT_IMG, "cross_entropy", batch=3, seed=8, options=BACKENDS[backend])
-
-
-def test_a_class_token_is_refused_not_frozen():
-    """An nn.Parameter expanded over the batch and concatenated (ViT's class token) would import as a constant
-    of the gather and silently not train: the build refuses it, naming it."""
-    from texelfit.prep.load import BuildError
-
-    torch.manual_seed(0)
-    with pytest.raises(BuildError, match="'class_token' expanded over the batch"):
-        to_ir(export_simplified(TinyViT(class_token=True).eval(), VIT_IMG), VIT_IMG)
 
 
 def test_convnext_block_imports_as_token_ops_between_two_gathers():
