@@ -155,6 +155,18 @@ def test_fromtext_edge_cases_and_errors(web, bundles, hf):
     assert none == "no-tokenizer|texelfit: this bundle has no tokenizer: build it with --tokenizer"
 
 
+def test_browser_unicode_agrees_with_python(web, bundles):
+    """What the browser's Unicode decides (NFD, a character's lower case) is Python's on the test strings
+    (the character classes are the bundle's own tables)."""
+    from texelfit.bert_unicode import LOWERCASE
+
+    got = web.evaluate("""(strings) => strings.map((s) => [s.normalize('NFD'), Array.from(s, (c) => c.toLowerCase()).join('')])""",
+                       STRINGS)
+    ref = [[unicodedata.normalize("NFD", s), "".join(LOWERCASE.get(ord(c), c.lower()) for c in s)] for s in STRINGS]
+    bad = [(s, g, r) for s, g, r in zip(STRINGS, got, ref) if g != r]
+    assert not bad, bad[:3]
+
+
 def test_bundle_without_tokenizer_ships_no_tokenizer_code(site, bundles):
     with open(site.path("tok_none", "plain.js"), encoding="utf-8") as f:
         plain = f.read()
@@ -167,6 +179,14 @@ def test_bundle_without_tokenizer_ships_no_tokenizer_code(site, bundles):
     assert json.loads(line[len("const VOCAB = "):-1]).split("\n") == list(vocab)
     assert len(line.encode()) < 270_000  # MiniLM's vocab.txt is 231,508 bytes
     assert "`" not in line and "\u2028" not in line
+    # beside a weights file the vocabulary stays in NAME.js (text, needed before the weights are)
+    from texelfit.build import compile_onnx
+    from texelfit.prep.load import export_simplified
+
+    files = compile_onnx(export_simplified(_tiny(16), (16,)), name="w", input_shape=(16,), tokenizer=MINILM,
+                         weights_file=True).files
+    assert sorted(files) == ["report.json", "w.d.ts", "w.js", "w.weights.bin"]
+    assert line in files["w.js"].split("\n")
 
 
 def test_cli_tokenizer_flag(tmp_path, capsys):
