@@ -30,6 +30,18 @@ def _js_json(obj) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).replace("</", "<\\/")
 
 
+# Characters a string literal of the bundle writes as \u escapes: line breaks of any kind (JavaScript's
+# and Python's str.splitlines'), other controls, the backtick (compact_js counts template literals by
+# it) and lone surrogates; the rest goes as UTF-8 (ES modules are UTF-8).
+_ESCAPED = re.compile("[\x00-\x1f\x7f-\x9f`\u2028\u2029\ud800-\udfff]")
+
+
+def _js_text(text: str) -> str:
+    """A JavaScript string literal of `text`: JSON, UTF-8, safe inside a <script> (no "</")."""
+    lit = json.dumps(text, ensure_ascii=False).replace("</", "<\\/")
+    return _ESCAPED.sub(lambda m: f"\\u{ord(m.group()):04x}", lit)
+
+
 def architecture_fingerprint(graph: Graph) -> str:
     """A hash of what a checkpoint's numbers mean: the input shape, and every layer's op, attributes
     (a fused activation included), wiring and parameter shapes. Two models with the same weight
@@ -48,11 +60,12 @@ def architecture_fingerprint(graph: Graph) -> str:
 
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
                   default_loss: str, weights: Quantized | None = None, storage: dict[str, int] | None = None,
-                  image: dict | None = None, weights_file: bool = False) -> dict:
+                  image: dict | None = None, weights_file: bool = False, tokenizer: dict | None = None) -> dict:
     """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given. `storage`:
     the shared storage of each texture that shares one (codegen/memory.py); planned here when not given.
     `image`: the image input's preprocessing (texelfit.build.image_input), or None. `weights_file`: the
-    blob goes into NAME.weights.bin (the bundle carries its name, length and CRC-32) instead of inline."""
+    blob goes into NAME.weights.bin (the bundle carries its name, length and CRC-32) instead of inline.
+    `tokenizer`: {"record": MODEL.tokenizer, "vocab": the tokens} (texelfit/tokenizer.py), or None: no fromText."""
     if storage is None:
         storage = plan_storage(plan, schedule)
     kernels, sched, elementwise = serialize(schedule, list(plan.textures))
@@ -107,6 +120,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
     multi = len(graph.inputs) > 1
     if multi:  # a multi-input model: predict, fit and features take an object keyed by these names
         model["inputs"] = input_records(graph, plan)
+    if tokenizer is not None:  # fromText (tokenizer.js.j2); absent otherwise (no bytes in other bundles)
+        model["tokenizer"] = tokenizer["record"]
     crc = int.from_bytes(weights.blob[-4:], "little")  # the blob's last 4 bytes: CRC-32 of the rest
     file = {"name": f"{name}.weights.bin", "bytes": len(weights.blob), "crc32": crc} if weights_file else None
     return {
@@ -141,6 +156,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "int_input": any(graph.dtype(t) != "float32" for t in graph.inputs),
         # the textures of integer inputs: kept float32 in the float16 tier (ids must stay exact)
         "int_textures_json": _js_json([plan.tensor(t) for t in graph.inputs if graph.dtype(t) != "float32"]),
+        "has_tokenizer": tokenizer is not None,  # fromText's code (tokenizer.js.j2) and VOCAB only then
+        "vocab_json": _js_text("\n".join(tokenizer["vocab"])) if tokenizer is not None else "",
     }
 
 
@@ -183,7 +200,7 @@ def compact_js(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-_DATA_LINE = re.compile(r"const (MODEL|TEXTURES|KERNELS|GLSL_COMMON|SCHEDULE|WEIGHTS|WEIGHTS_FILE) = ")  # JSON and base64
+_DATA_LINE = re.compile(r"const (MODEL|TEXTURES|KERNELS|GLSL_COMMON|SCHEDULE|WEIGHTS|WEIGHTS_FILE|VOCAB) = ")  # JSON and base64
 
 
 def _without_trailing_comment(line: str) -> str:

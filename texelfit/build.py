@@ -34,6 +34,7 @@ from texelfit.prep.layout import LayoutPlan, check_layout, plan_layout
 from texelfit.prep.load import BuildError, load_onnx
 from texelfit.prep.prune import apply_prune, check_ratio, plan_prune
 from texelfit.prep.quantize import MODES, Quantized, quantize as quantize_weights
+from texelfit.tokenizer import load_tokenizer, tokenizer_input
 
 LOSSES = ("cross_entropy", "mse")
 DEFAULT_QUANTIZE = "none"
@@ -65,11 +66,14 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
                  finetune_epochs: int = 0, finetune_data: Data | None = None, finetune_lr: float = FINETUNE_LR,
                  eval_data: Data | None = None, progress: bool = False, trainable: str = "*",
                  input_normalize: str = "none", weights_file: bool | None = None,
-                 input_dtype: str | None = None) -> BuildResult:
+                 input_dtype: str | None = None, tokenizer: str | None = None) -> BuildResult:
     """`input_normalize`: `--input-normalize` (texelfit/images.py); `weights_file`: ship the weights in
     NAME.weights.bin beside NAME.js (True), embedded (False), or the former when they exceed
     WEIGHTS_FILE_BYTES (None, the default); `input_dtype`: `--input-dtype` (prep/load.py: INPUT_DTYPES),
-    which must be what the model declares (None: whatever it declares)."""
+    which must be what the model declares (None: whatever it declares). `tokenizer`: `--tokenizer PATH`
+    (texelfit/tokenizer.py), a vocab.txt or a folder holding one: the bundle gets m.fromText; the
+    vocabulary always goes into NAME.js, also beside a weights file (text, a few hundred KB, needed
+    before the weights are)."""
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BuildError(f"--name {name!r} must be letters, digits, '-' and '_' only")
     if not isinstance(max_batch, int) or not 1 <= max_batch <= 4096:
@@ -87,6 +91,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
 
     if weights_file not in (None, True, False):
         raise BuildError(f"weights_file must be True, False or None, got {weights_file!r}")
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     imported = to_ir(model, input_shape, input_dtype)
     if len(imported.inputs) > 1:
         if input_normalize != "none":
@@ -96,6 +101,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
             raise BuildError("--eval-data and --finetune-data hold one array x: they are not supported yet for a "
                              f"model with several inputs ({', '.join(imported.inputs)})")
     image = image_input(imported.input_shape, input_normalize)
+    length = tokenizer_input(tok, imported.input_shape)
     full = fold_batchnorm(imported)
     if not full.params:
         raise BuildError("the model has no trainable weights")
@@ -131,8 +137,9 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     storage = plan_storage(plan, schedule)
     if weights_file is None:
         weights_file = len(weights.blob) > WEIGHTS_FILE_BYTES
+    text = {"record": tok.record(length), "vocab": tok.vocab} if tok is not None else None
     ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights, storage, image=image,
-                        weights_file=weights_file)
+                        weights_file=weights_file, tokenizer=text)
     files = render_bundle(ctx)
     if weights_file:
         files[ctx["weights_file"]["name"]] = weights.blob
@@ -145,6 +152,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     rep["max_batch"] = max_batch
     rep["trunk"] = trunk
     rep["input_normalize"] = image  # fromImages' preprocessing (texelfit.images.preprocess takes it as is)
+    rep["tokenizer"] = tok.report(length) if tok is not None else None  # fromText's tokenizer, or None
     rep["weights_file"] = ctx["weights_file"]  # {name, bytes, crc32} of NAME.weights.bin, or None: embedded
 
     from texelfit.report import layer_table
@@ -270,7 +278,7 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
           prune: float = DEFAULT_PRUNE, round_channels: bool = True, finetune_epochs: int = 0,
           finetune_data: str | None = None, finetune_lr: float = FINETUNE_LR, eval_data: str | None = None,
           trust_pickle: bool = False, progress: bool = False, trainable: str = "*", input_normalize: str = "none",
-          weights_file: bool | None = None, inputs=None, input_dtype=None) -> BuildResult:
+          weights_file: bool | None = None, inputs=None, input_dtype=None, tokenizer: str | None = None) -> BuildResult:
     """`inputs`: the input names of a PyTorch source with several (--inputs), `input_shape` then one shape per
     input; `input_dtype`: --input-dtype (one for every input, or a list of one per input)."""
     result = compile_source(source, name=name, weights=weights, input_shape=input_shape, inputs=inputs,
@@ -278,7 +286,7 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
                             loss=loss, quantize=quantize, prune=prune, round_channels=round_channels,
                             finetune_epochs=finetune_epochs, finetune_data=finetune_data, finetune_lr=finetune_lr,
                             eval_data=eval_data, trust_pickle=trust_pickle, progress=progress, trainable=trainable,
-                            input_normalize=input_normalize, weights_file=weights_file)
+                            input_normalize=input_normalize, weights_file=weights_file, tokenizer=tokenizer)
     write_files(out, result.files)
     return result
 

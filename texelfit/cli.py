@@ -160,6 +160,12 @@ def parser() -> argparse.ArgumentParser:
                         "the bundle: imagenet (RGB in [0, 1], then the ImageNet mean/std), unit (RGB in [0, 1]), "
                         "MEAN1,MEAN2,MEAN3:STD1,STD2,STD3 (on [0, 1] values; MEAN:STD for 1 channel), or none "
                         "(default: no image input, no fromImages)")
+    b.add_argument("--tokenizer", metavar="PATH",
+                   help="a text model's WordPiece vocabulary: a vocab.txt, or a folder holding vocab.txt and "
+                        "tokenizer_config.json (do_lower_case, strip_accents, tokenize_chinese_chars; BERT's defaults "
+                        "without it): m.fromText(strings) then gives the token ids and attention mask of strings "
+                        "exactly as Hugging Face's tokenizer, padded and truncated to the input's length T "
+                        "(--input-shape T)")
     w = b.add_mutually_exclusive_group()
     w.add_argument("--weights-file", dest="weights_file", action="store_true", default=None,
                    help="ship the weights in NAME.weights.bin beside NAME.js, which fetches it (default when they "
@@ -232,7 +238,8 @@ def cmd_build(args) -> None:
 
     _untrained_note(args)
     result = build(args.source, args.out, name=args.name, prune=args.prune, trainable=args.trainable,
-                   input_normalize=args.input_normalize, weights_file=args.weights_file, **_options(args))
+                   input_normalize=args.input_normalize, weights_file=args.weights_file, tokenizer=args.tokenizer,
+                   **_options(args))
     rep = result.report
     print(f"texelfit: built {args.out}/{rep['name']}.js: {rep['parameters']} parameters, "
           f"{len(rep['layers'])} layers, {rep['kernels']} kernels, "
@@ -241,6 +248,11 @@ def cmd_build(args) -> None:
         wf = rep["weights_file"]
         print(f"texelfit: weights in {args.out}/{wf['name']} ({wf['bytes']} bytes, CRC-32 {wf['crc32']:08x}): serve it "
               f"beside {rep['name']}.js")
+    if rep["tokenizer"]:
+        t = rep["tokenizer"]
+        how = ", ".join(what for what, on in (("lower-cased", t["lowercase"]), ("accents stripped", t["strip_accents"]),
+                                              ("CJK split", t["chinese_chars"])) if on) or "as written"
+        print(f"texelfit: tokenizer: {t['vocab_size']} tokens ({how}); fromText gives {t['length']} ids a text")
     print(format_table(rep["table"], rep["accuracy"], args.quantize))
     print(format_role_bytes(rep["texture_bytes_by_role"]))
     if rep["batchnorm_folded"]:

@@ -1,6 +1,6 @@
 // A web developer's use of a generated bundle, type-checked against its NAME.d.ts by `npm run typecheck`.
 // tests/test_typecheck.py builds the bundle into dist/typecheck/ first.
-import { createModel, modelInfo, TexelfitError, type Model, type StepInfo, type Weights } from "../../dist/typecheck/model.js";
+import { createModel, modelInfo, TexelfitError, type Model, type StepInfo, type TokenizedText, type Weights } from "../../dist/typecheck/model.js";
 
 async function main(canvas: HTMLCanvasElement): Promise<number> {
   const m: Model = await createModel({ canvas, maxTextureSize: 4096, precision: "float32", backend: "webgl2" });
@@ -36,7 +36,10 @@ async function main(canvas: HTMLCanvasElement): Promise<number> {
   const norm = m.info.image ? m.info.image.mean[0] : 0;
   const m2 = await createModel({ weights: new URL("model.weights.bin", location.href) });
   m2.dispose();
-  console.log(pixels.length, probs.length, norm);
+  // text (a bundle built with --tokenizer): token ids and attention mask, [N, T] each
+  const text: TokenizedText = await m.fromText(["Hello, world!", "a second text"]);
+  const ids: Int32Array = text.input_ids, mask: Int32Array = text.attention_mask;
+  console.log(pixels.length, probs.length, norm, ids.length, mask.length);
   // the page forwards its visibility to a model in a worker the same way: pause() / resume()
   document.addEventListener("visibilitychange", () => (document.hidden ? m.pause() : m.resume()));
   try {
