@@ -37,8 +37,9 @@ TOKENS = 32           # the issue's "one 32-token sentence"; the bundles are bui
 SENTENCES = 16        # the batch row, and the head-training set
 BATCH = 8             # head training and fine-tune batch; the bundles' max_batch is SENTENCES
 CLASSES = 4
+NAMES = ["input_ids", "attention_mask"]
 HEAD = "head.*"
-LAST = "bert.encoder.layer.5.*,head.*"
+LAST = "encoder.bert.encoder.layer.5.*,head.*"
 CHECK_REL_L2 = 1e-4
 FRAMEWORKS = ["texelfit", "tfjs-webgl", "tfjs-wasm", "ort-wasm", "ort-webgpu"]
 ROWS = ["embed_1", "embed_16", "head_step", "finetune_step"]
@@ -102,8 +103,8 @@ def prepare(site, compile_onnx, export_inputs, quantize, frameworks):
     for key, trainable, q in ([("head", HEAD, "none"), ("last", LAST, "none")] +
                               [(f"head-{q}", HEAD, q) for q in quantize]) if onnx_model else []:
         t0 = time.perf_counter()
-        r = compile_onnx(onnx_model, name="minilm", max_batch=SENTENCES, trainable=trainable, quantize=q,
-                         weights_file=True)
+        r = compile_onnx(onnx_model, name="minilm", input_shape=[(TOKENS,), (TOKENS,)], max_batch=SENTENCES,
+                         trainable=trainable, quantize=q, weights_file=True)
         d = os.path.join(site, "bundles", key)
         os.makedirs(d)
         for name, text in r.files.items():
@@ -211,17 +212,12 @@ def main(argv=None):
     ap.add_argument("--page-timeout", type=int, default=900)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = ap.parse_args(argv)
-    _, compile_onnx, _ = common.use_texelfit(None, None)
-    try:
-        from texelfit.prep.load import export_simplified_inputs
-    except ImportError:
-        export_simplified_inputs = None
+    _, compile_onnx, export_simplified = common.use_texelfit(None, None)
     with tempfile.TemporaryDirectory() as site:
         args.site = site
         t0 = time.perf_counter()
-        info = prepare(site, compile_onnx, lambda m: export_simplified_inputs(
-            m, {"input_ids": ((TOKENS,), "int64"), "attention_mask": ((TOKENS,), "int64")}), args.quantize,
-            args.frameworks)
+        info = prepare(site, compile_onnx, lambda m: export_simplified(m, [(TOKENS,), (TOKENS,)], NAMES, "int64"),
+                       args.quantize, args.frameworks)
         print(f"prepared in {time.perf_counter() - t0:.0f} s", flush=True)
         httpd, url = common.serve(site)
         pages, version, builds = [], None, {}

