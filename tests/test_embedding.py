@@ -240,6 +240,8 @@ def test_a_big_frozen_table_folds_and_gathers(web, big_table, backend):
     got = run_model(web, url, """
         const x = Int32Array.from(args.x), y = Int32Array.from(args.y);
         return { out: Array.from(await m.predict(x, 3)), grads: arr(await m.gradients(x, y)),
+                 // (the float16 tier keeps the trunk's output in half floats, and features() does not read it)
+                 features: m.info.precision === 'float16' ? null : Array.from(await m.features(x, 3)), trunk: m.info.trunk,
                  folded: m.info.foldedTextures, max: m.info.maxTextureSize };
     """, {"x": x.reshape(-1).tolist(), "y": y.tolist()}, {"backend": "cpu"} if backend == "cpu" else
         {"maxTextureSize": 8192, **({"precision": "float16"} if backend == "float16" else {})})
@@ -248,6 +250,9 @@ def test_a_big_frozen_table_folds_and_gathers(web, big_table, backend):
     F.cross_entropy(out, y).backward()
     fwd, grad = (F16_FWD, F16_GRAD) if backend == "float16" else (FWD, GRAD)
     assert_close("big table forward", got["out"], out.detach(), **fwd)
+    assert got["trunk"] is not None  # the frozen table's mean over the tokens: features() gives it
+    if backend != "float16":
+        assert_close("big table features", got["features"], module.emb(x).mean(1).detach(), **FWD)
     assert sorted(got["grads"]) == ["head.bias", "head.weight"]
     for name in got["grads"]:
         assert_close(f"big table d/d{name}", got["grads"][name], dict(module.named_parameters())[name].grad, **grad)
