@@ -138,6 +138,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "kernel_count": len(kernels),
         "has_trunk": model["trunk"] is not None,
         "has_tokenizer": tokenizer is not None,  # fromText's code (tokenizer.js.j2) and VOCAB only then
+        # fromText exists where the input is one sequence (T,): the tokenizer, or a stub that rejects
+        # (no-tokenizer); an image model has none (its bundle stays as small as before)
+        "sequence_input": len(graph.input_shape) == 1,
         "vocab_json": _js_text("\n".join(tokenizer["vocab"])) if tokenizer is not None else "",
         "has_image": image is not None,  # fromImages' code (images.js.j2) is rendered only then  # the runtime's cached-trunk code is rendered only then
     }
