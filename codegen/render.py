@@ -157,6 +157,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         # the textures of integer inputs: kept float32 in the float16 tier (ids must stay exact)
         "int_textures_json": _js_json([plan.tensor(t) for t in graph.inputs if graph.dtype(t) != "float32"]),
         "has_tokenizer": tokenizer is not None,  # fromText's code (tokenizer.js.j2) and VOCAB only then
+        # fromText exists where the input is one sequence (T,): the tokenizer, or a stub that rejects
+        # (no-tokenizer); an image model has none (its bundle stays as small as before)
+        "sequence_input": len(graph.input_shape) == 1,
         "vocab_json": _js_text("\n".join(tokenizer["vocab"])) if tokenizer is not None else "",
     }
 

@@ -179,10 +179,16 @@ def test_bundle_without_tokenizer_ships_no_tokenizer_code(site, bundles):
     assert json.loads(line[len("const VOCAB = "):-1]).split("\n") == list(vocab)
     assert len(line.encode()) < 270_000  # MiniLM's vocab.txt is 231,508 bytes
     assert "`" not in line and "\u2028" not in line
-    # beside a weights file the vocabulary stays in NAME.js (text, needed before the weights are)
+    # an image model has no fromText at all (not even the stub: the size budget, tests/test_bundle.py)
     from texelfit.build import compile_onnx
     from texelfit.prep.load import export_simplified
 
+    image = compile_onnx(export_simplified(torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten()), (1, 5, 5)),
+                         name="i", input_shape=(1, 5, 5)).files
+    assert "fromText" not in image["i.js"] and "fromText(" not in image["i.d.ts"]
+    with open(site.path("tok_none", "plain.d.ts"), encoding="utf-8") as f:
+        assert "fromText(strings: string[]): Promise<TokenizedText>;" in f.read()
+    # beside a weights file the vocabulary stays in NAME.js (text, needed before the weights are)
     files = compile_onnx(export_simplified(_tiny(16), (16,)), name="w", input_shape=(16,), tokenizer=MINILM,
                          weights_file=True).files
     assert sorted(files) == ["report.json", "w.d.ts", "w.js", "w.weights.bin"]
