@@ -1,8 +1,9 @@
 """Shape ops as index arithmetic: the `gather` layer's map, from output element to input element.
 
 A `gather` layer (prep/ir.py) holds *parts*; each reads one input tensor (or a constant, or a trainable
-parameter that is one sample repeated over the batch: a class token) through a chain of per-sample view ops, and the output is the sum of the parts, each of which is zero outside
-the region it covers (so a concatenation is parts padded to their place on the concat axis):
+parameter that is one sample repeated over the batch: a class token) through a chain of per-sample view
+ops, and the output is the sum of the parts, each of which is zero outside the region it covers (so a
+concatenation is parts padded to their place on the concat axis):
 
     op                      output shape of an input of shape S
     ("reshape", shape)      shape (same size)
