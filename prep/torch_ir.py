@@ -137,7 +137,8 @@ class IRModule(nn.Module):
         if op == "embedding":  # ids (as integers or exact floats) -> rows of the table
             return F.embedding(x.long(), self.param(layer, "weight"), padding_idx=a.get("padding_idx"))
         if op == "layernorm":
-            return F.layer_norm(x, (x.shape[-1],), self.param(layer, "weight"), self.param(layer, "bias"), a["eps"])
+            w = self.param(layer, "weight")  # its size, not x.shape[-1]: a traced export needs a constant shape
+            return F.layer_norm(x, (int(w.shape[0]),), w, self.param(layer, "bias"), a["eps"])
         dim = -1 if x.dim() == 3 else 1  # tokens (R, F): over the features; else the channels (classes)
         if op == "softmax":
             return torch.softmax(x, dim=dim)

@@ -329,3 +329,16 @@ def test_a_frozen_encoder_trains_its_head_alone(web, site):
     assert sorted(got["grads"]) == ["head.bias", "head.weight"]
     for name in got["grads"]:
         assert_close(f"frozen encoder d/d{name}", got["grads"][name], dict(module.named_parameters())[name].grad, **GRAD)
+
+
+def test_a_token_graph_round_trips_through_onnx():
+    """prep.torch_ir.export_onnx (import-weights --out .onnx, the prune fine-tune) on a token graph: its
+    LayerNorm takes its normalised size from the weight, a constant of the traced export."""
+    from texelfit.prep.torch_ir import export_onnx
+
+    torch.manual_seed(0)
+    m = encoder().eval()
+    g = to_ir(export_simplified(m, SHAPE), SHAPE)
+    again = to_ir(export_onnx(g), SHAPE)
+    x = torch.randn(3, *SHAPE)
+    assert torch.allclose(IRModule(again)(x), m(x), atol=1e-5)
