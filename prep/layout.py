@@ -242,13 +242,16 @@ SPLIT_MAX_PARTS = 16
 
 
 # A conv layer (groups 1, or depthwise) with at least COLUMN_BLOCK_MIN_MACS multiply-adds a sample computes
-# COLUMN_BLOCK (4) neighbouring output positions ow = 4*b + t of a row a fragment in the forward that runs
-# where the sample-blocked one does not (batches under BLOCK_MIN_BATCH, or a layer that is not sample-blocked):
-# each weight texel fetched then serves 4 positions (a 1x1 conv: 8 fetches for 64 multiply-adds instead of
-# 5 for 16), and a depthwise conv fetches each input texel of the 4 outputs' windows once (3x3, stride 1:
+# COLUMN_BLOCK (4) neighbouring output positions ow = 4*b + t of a row a fragment in its forward, at every
+# batch: each weight texel fetched then serves 4 positions (a 1x1 conv: 8 fetches for 64 multiply-adds instead
+# of 5 for 16), and a depthwise conv fetches each input texel of the 4 outputs' windows once (3x3, stride 1:
 # 18 + 9 fetches for 4 outputs instead of 72). It writes 4 textures (col0:T .. col3:T, position 4*b + t in
-# texel column b of col{t}, WebGL2 promises 4 render targets) and a second pass interleaves those into T
-# (kernels/interleave_cols.glsl.j2). Below this size (the small CNNs) the extra pass costs more than it saves.
+# texel column b of col{t}; WebGL2 promises 4 render targets, so no device needs a twin) and a second pass
+# interleaves those into T (kernels/interleave_cols.glsl.j2). Such a layer's forward is never sample-blocked
+# (its backward still is): on SwiftShader the 4 positions, neighbours in the texture, beat 8 samples, rows
+# far apart (EfficientNet-Lite0's features of 8 images: 18.6 s of synced draws sample-blocked, 10.2 s
+# column-blocked; predict of 1 image 1826 -> 523 ms). Below this size (the small CNNs) the extra pass costs
+# more than it saves.
 COLUMN_BLOCK = 4
 COLUMN_BLOCK_MIN_MACS = 1 << 18
 
@@ -413,9 +416,9 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             per_sample("argmax:" + out, "argmax", out)
         if layer.op == "reduce" and layer.attrs["kind"] == "max":  # how many inputs equal each max
             per_sample("ties:" + out, "argmax", out)
-        if sample_blocked(layer, graph, max_batch):  # 8 samples a fragment: its forward's 8 render targets
-            blocked_parts("act:" + out, "activation", out)
-        if column_blocked(layer, graph):  # 4 positions a fragment: its one-sample forward's 4 render targets
+        if sample_blocked(layer, graph, max_batch) and not column_blocked(layer, graph):
+            blocked_parts("act:" + out, "activation", out)  # 8 samples a fragment: its forward's 8 render targets
+        if column_blocked(layer, graph):  # 4 positions a fragment: its forward's 4 render targets
             c, h, w = graph.shapes[out]
             p = activation_packing((c, h, ceil_div(w, COLUMN_BLOCK)), max_batch)
             for t in range(COLUMN_BLOCK):

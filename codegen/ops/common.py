@@ -93,7 +93,7 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
             Pass(kernel("reduce", ("P",) + (("B",) if b else ()), split=parts), ["split:" + y] + ([b] if b else []),
                  one.outputs, "batch", layer.name, blocked=one.blocked)]
     if "col0:" + plan.tensor(y) in plan.textures:
-        # column-blocked (layout.column_blocked): the one-sample forward computes 4 positions a fragment into
+        # column-blocked (layout.column_blocked): the forward, at every batch, computes 4 positions a fragment into
         # col0..3:Y, and a pass interleaves them into Y
         one, parts = forward[0], [f"col{t}:{plan.tensor(y)}" for t in range(COLUMN_BLOCK)]
         interleave = Kernel("interleave_cols", "interleave_cols.glsl.j2", tuple(f"T{t}" for t in range(COLUMN_BLOCK)),
