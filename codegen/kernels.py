@@ -32,6 +32,7 @@ UNIFORM_TYPES = {
     "u_dropout": "float",      # 1 in a training step of fit (with dropout on), else 0: dropout applies its mask
     "u_dropseed": "int",       # the step's dropout seed (prep/dropout.py)
     "u_rows": "int",           # set by the pass (Pass.values): rows a sample of a blocked output (interleave)
+    "u_c4": "int",             # set by the pass: texels a position of a column-blocked output (interleave_cols)
 }
 
 

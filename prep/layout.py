@@ -33,6 +33,8 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
                                                                              SAMPLE_BLOCK_MIN_MACS)
   split-K partials (split:Y)    n * S + s       1               o            (a dense output's partial sums
                                                                              over input slice s, see split_k)
+  column-blocked part (col{t}:T) n * H + h       w // 4          c            (the positions w = 4*b + t of a conv
+                                                                             output T, see column_blocked)
 
 A weight's texel packs the axis that is wide in practice: a dense layer's inputs (its outputs
 may be 10 classes or 1 value) and a conv's output channels (its inputs are often 1 or 3, grey or
@@ -244,6 +246,30 @@ SPLIT_MIN_PARTS = 4
 SPLIT_MAX_PARTS = 16
 
 
+# A conv layer (groups 1, or depthwise) with at least COLUMN_BLOCK_MIN_MACS multiply-adds a sample computes
+# COLUMN_BLOCK (4) neighbouring output positions ow = 4*b + t of a row a fragment in its forward, at every
+# batch: each weight texel fetched then serves 4 positions (a 1x1 conv: 8 fetches for 64 multiply-adds instead
+# of 5 for 16), and a depthwise conv fetches each input texel of the 4 outputs' windows once (3x3, stride 1:
+# 18 + 9 fetches for 4 outputs instead of 72). It writes 4 textures (col0:T .. col3:T, position 4*b + t in
+# texel column b of col{t}; WebGL2 promises 4 render targets, so no device needs a twin) and a second pass
+# interleaves those into T (kernels/interleave_cols.glsl.j2). Such a layer's forward is never sample-blocked
+# (its backward still is): on SwiftShader the 4 positions, neighbours in the texture, beat 8 samples, rows
+# far apart (EfficientNet-Lite0's features of 8 images: 18.6 s of synced draws sample-blocked, 10.2 s
+# column-blocked; predict of 1 image 1826 -> 523 ms). Below this size (the small CNNs) the extra pass costs
+# more than it saves.
+COLUMN_BLOCK = 4
+COLUMN_BLOCK_MIN_MACS = 1 << 18
+
+
+def column_blocked(layer, graph: Graph) -> bool:
+    if layer.op != "conv":
+        return False
+    ic, oc, g = graph.shapes[layer.inputs[0]][0], graph.shapes[layer.outputs[0]][0], layer.attrs["groups"]
+    if g != 1 and not g == ic == oc:
+        return False
+    return graph.shapes[layer.outputs[0]][2] >= COLUMN_BLOCK and graph.macs(layer) >= COLUMN_BLOCK_MIN_MACS
+
+
 def weight_grad_blocked(layer, graph: Graph, max_batch: int) -> bool:
     """Whether the weight gradient of a sample-blocked layer is row-blocked too (blk{t}:pgrad:W, 8 rows
     of dW a fragment): where those rows come in whole 8s (a dense layer's outputs padded to 4, a conv's
@@ -396,8 +422,14 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             per_sample("argmax:" + out, "argmax", out)
         if layer.op == "reduce" and layer.attrs["kind"] == "max":  # how many inputs equal each max
             per_sample("ties:" + out, "argmax", out)
-        if sample_blocked(layer, graph, max_batch):  # 8 samples a fragment: its forward's 8 render targets
-            blocked_parts("act:" + out, "activation", out)
+        if sample_blocked(layer, graph, max_batch) and not column_blocked(layer, graph):
+            blocked_parts("act:" + out, "activation", out)  # 8 samples a fragment: its forward's 8 render targets
+        if column_blocked(layer, graph):  # 4 positions a fragment: its forward's 4 render targets
+            c, h, w = graph.shapes[out]
+            p = activation_packing((c, h, ceil_div(w, COLUMN_BLOCK)), max_batch)
+            for t in range(COLUMN_BLOCK):
+                add(TextureSpec(f"col{t}:act:{out}", "activation", (max_batch, c, h, ceil_div(w, COLUMN_BLOCK)), p,
+                                p.rows, p.r2))
         if parts := split_k(layer, graph):  # float32 in every tier: partial sums
             p = activation_packing((graph.shapes[out][0], parts, 1), max_batch)
             add(TextureSpec("split:" + out, "partial", (max_batch,) + graph.shapes[out], p, p.rows, p.r2))

@@ -78,7 +78,7 @@ OP_CASES = {
 # The cases with sample-blocked layers: those run their blocked passes at batches of 8 or more
 # (layout.BLOCK_MIN_BATCH) and their one-sample twins below, so the op tests run them at a batch of
 # both kinds (BLOCKED_BATCH: a block of 8 samples and 2 more).
-BLOCKED_CASES = ("sample_blocked", "conv_sample_blocked")
+BLOCKED_CASES = ("sample_blocked", "conv_sample_blocked", "conv_column_blocked")
 BLOCKED_BATCH = 10
 
 
@@ -359,6 +359,12 @@ CNN_CASES = {
     # past layout.SAMPLE_BLOCK_MIN_MACS: both forwards (3 and 8 input channels) and the second conv's
     # grad_input compute 8 samples a fragment
     "conv_sample_blocked": (_seq(nn.Conv2d(3, 8, 3, padding=1), nn.Tanh(), nn.Conv2d(8, 8, 3)), IMG, "mse"),
+    # past layout.COLUMN_BLOCK_MIN_MACS: every forward computes 4 positions a fragment (19 = 4*4 + 3 columns: a
+    # partial last block), at any batch; a 3-channel conv with padding, a 1x1, a padded 5x5 depthwise, a strided
+    # one; the groups-1 convs past 8 input channels are sample-blocked too (their grad_input and weight gradient)
+    "conv_column_blocked": (_seq(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU6(), nn.Conv2d(32, 48, 1),
+                                 nn.Conv2d(48, 48, 5, padding=2, groups=48), nn.Tanh(),
+                                 nn.Conv2d(48, 21, 3, stride=2, padding=1)), (3, 19, 19), "mse"),
     "conv_tanh_sigmoid_leaky": (_seq(nn.Conv2d(3, 5, 3), nn.Tanh(), nn.Conv2d(5, 4, 3, padding=1), nn.Sigmoid(),
                                      nn.Conv2d(4, 3, 1), nn.LeakyReLU(0.1)), IMG, "mse"),
     "activation_on_input_and_after_pool": (_seq(nn.ReLU(), nn.Conv2d(3, 5, 3), nn.MaxPool2d(2), nn.Tanh(),

@@ -34,6 +34,14 @@ def test_conv_sample_blocked_case_is_blocked():
     assert [n.split(":")[1] for n in blocked] == ["act", "act", "grad", "pgrad"], blocked  # 2 forwards, 1 grad_input, 1 dW
 
 
+def test_conv_column_blocked_case_is_blocked():
+    factory, shape, _ = CNN_CASES["conv_column_blocked"]
+    result = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=8)
+    parts = [t for t in result.report["textures"] if t["name"].startswith("col0:")]
+    assert len(parts) == 4, [t["name"] for t in parts]  # every conv's one-sample forward: 4 positions a fragment
+    assert sorted(t["texture"][0] for t in parts) == [3 * 6, 5 * 8, 5 * 12, 5 * 12]  # ceil(w / 4) * ceil(c / 4)
+
+
 def test_batchnorm_is_folded_into_the_conv(web, site):
     torch.manual_seed(5)
     m = BatchNormNet()

@@ -1,7 +1,7 @@
 """Constants and helpers shared by the op families."""
 from __future__ import annotations
 
-from texelfit.prep.layout import SAMPLE_BLOCK, ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
+from texelfit.prep.layout import COLUMN_BLOCK, SAMPLE_BLOCK, ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
 
 from texelfit.prep.elementwise import UNARY, X, const, derivatives_of, forward_of
 
@@ -51,7 +51,8 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
 
     def kernel(what, inputs, uniforms=(), outputs=1, **more):
-        blocked = " blocked" if more.get("blocked") else " split" if more.get("split") else ""
+        blocked = " blocked" if more.get("blocked") else " split" if more.get("split") else \
+            " columns" if more.get("colblock") else ""
         if what in generic:
             return Kernel(f"{family}_{what}{blocked}", f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
                           consts=more)
@@ -91,6 +92,16 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
             Pass(split, one.inputs[:2], ["split:" + y], "batch", layer.name, blocked=one.blocked),
             Pass(kernel("reduce", ("P",) + (("B",) if b else ()), split=parts), ["split:" + y] + ([b] if b else []),
                  one.outputs, "batch", layer.name, blocked=one.blocked)]
+    if "col0:" + plan.tensor(y) in plan.textures:
+        # column-blocked (layout.column_blocked): the forward, at every batch, computes 4 positions a fragment into
+        # col0..3:Y, and a pass interleaves them into Y
+        one, parts = forward[0], [f"col{t}:{plan.tensor(y)}" for t in range(COLUMN_BLOCK)]
+        interleave = Kernel("interleave_cols", "interleave_cols.glsl.j2", tuple(f"T{t}" for t in range(COLUMN_BLOCK)),
+                            uniforms=("u_c4",), consts={"block": COLUMN_BLOCK})
+        forward[:1] = [
+            Pass(kernel("forward", one.kernel.inputs, (), COLUMN_BLOCK, blocked=False, colblock=COLUMN_BLOCK),
+                 one.inputs, parts, "batch", layer.name, blocked=one.blocked),
+            Pass(interleave, parts, one.outputs, "batch", layer.name, {"u_c4": c["oc4"]}, blocked=one.blocked)]
     backward = []
     if y not in plan.needs_grad:  # below the lowest trainable layer: the backward stops before this one
         return forward, backward
