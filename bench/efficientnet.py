@@ -237,39 +237,28 @@ def page_args(fw, part, url, args):
                 trunk=f"{d}/lite0_trunk.onnx", x=f"{d}/x_nchw.bin", skip=skip, skipWhy=WEBGPU_FEATURES_SKIPPED)
 
 
-def run_page(browser, url, fw, part, args):
-    page_name = {"texelfit": "effnet_texelfit", "tfjs-webgl": "effnet_tfjs", "tfjs-wasm": "effnet_tfjs",
-                 "ort-wasm": "effnet_ort", "ort-webgpu": "effnet_ort"}[fw]
-    ctx = browser.new_context()
-    page = ctx.new_page()
-    page.set_default_timeout(args.page_timeout * 1000)
+def run_page(browser, url, fw, part, args, bench="effnet", arguments=None):
+    """bench/pages/{bench}_{texelfit|tfjs|ort}.html's bench.run with `arguments(fw, part, url, args)`."""
+    page_name = f"{bench}_{fw.split('-')[0]}"
+    arguments = arguments or page_args
     hz = os.sysconf("SC_CLK_TCK")
-    # the CPU ms this process tree (Chromium and SwiftShader's threads in it) has used: the pages read
-    # it around each timed call (effnet_common.js, cpuMs)
-    page.expose_function("benchCpuTicks", lambda: common._my_tree_ticks() * 1000.0 / hz)
-    errors = []
-    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-    try:
-        page.goto(f"{url}/pages/{page_name}.html")
-        page.wait_for_function("window.benchReady === true", timeout=60_000)
-        settled = common.settle()
-        c0 = common.cpu_sample()
-        result = page.evaluate("(a) => window.bench.run(a)", page_args(fw, part, url, args))
-        result["foreignCores"] = common.foreign_cores(c0, common.cpu_sample())
-        result["settledS"] = settled
-    except Exception as e:  # recorded, the run goes on
-        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
-    finally:
-        ctx.close()
-    if errors:
-        result["pageErrors"] = errors[:10]
-    return result
+
+    def prepare(page):
+        page.set_default_timeout(args.page_timeout * 1000)
+        # the CPU ms this process tree (Chromium and SwiftShader's threads in it) has used: the pages
+        # read it around each timed call (effnet_common.js, cpuMs)
+        page.expose_function("benchCpuTicks", lambda: common._my_tree_ticks() * 1000.0 / hz)
+
+    return common.call_in_page(browser, url, page_name,
+                               lambda page: page.evaluate("(a) => window.bench.run(a)", arguments(fw, part, url, args)),
+                               prepare)
 
 
-def browser_round(url, args, r):
+def browser_round(url, args, r, all_pages=PAGES, run=None):
+    """One fresh browser running every (framework, part) page of `all_pages` through `run` (run_page)."""
     from playwright.sync_api import sync_playwright
-    pages = [p for p in PAGES if p[0] in args.frameworks]
+    run = run or run_page
+    pages = [p for p in all_pages if p[0] in args.frameworks]
     k = r % len(pages)
     pages = pages[k:] + pages[:k]  # rotate, so that no page is always first
     out = []
@@ -279,7 +268,7 @@ def browser_round(url, args, r):
         version = browser.version
         for fw, part in pages:
             t0 = time.perf_counter()
-            res = run_page(browser, url, fw, part, args)
+            res = run(browser, url, fw, part, args)
             res.update(framework=fw, part=part, round=r + 1, pageWallS=time.perf_counter() - t0)
             out.append(res)
             rows = ", ".join(f"{k2} {v['ms']:.0f} ms" for k2, v in res.get("rows", {}).items() if "ms" in v)
@@ -332,10 +321,10 @@ def fmt(v):
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
 
-def table_lines(t, ratios, fws, key):
+def table_lines(t, ratios, fws, key, rows=ROWS, labels=ROW_LABELS):
     lines = ["| row | " + " | ".join(fws) + " | " + " | ".join(f"texelfit / {f}" for f in fws[1:]) + " |",
              "|---" * (2 * len(fws)) + "|"]
-    for row in ROWS:
+    for row in rows:
         cells = t.get(row, {})
         ms = []
         for f in fws:
@@ -348,36 +337,40 @@ def table_lines(t, ratios, fws, key):
             else:
                 ms.append(fmt(c[key]))
         rs = [f"{ratios[row][f]:.2f}" if f in ratios.get(row, {}) else "–" for f in fws[1:]]
-        lines.append(f"| {ROW_LABELS[row]} | " + " | ".join(ms) + " | " + " | ".join(rs) + " |")
+        lines.append(f"| {labels[row]} | " + " | ".join(ms) + " | " + " | ".join(rs) + " |")
     return lines
 
 
-def markdown(result):
+def markdown(result, title="EfficientNet-Lite0 benchmark", rows=ROWS, labels=ROW_LABELS, frameworks=FRAMEWORKS,
+             target=True):
+    """The result as markdown: the wall-clock and CPU tables, the 2x target against TF.js WebGL (with
+    `target`), the output checks, failures and every page's environment."""
     t, ratios = result["table"], result["ratios"]
-    fws = [f for f in FRAMEWORKS if f in result["args"]["frameworks"]]
-    lines = [f"# EfficientNet-Lite0 benchmark ({result['meta']['date']})", "",
+    fws = [f for f in frameworks if f in result["args"]["frameworks"]]
+    lines = [f"# {title} ({result['meta']['date']})", "",
              f"Chromium {result['meta']['chromium']}, {result['meta']['cpu']}; "
              f"{result['args']['rounds']} round(s), warm-up {result['args']['warmup']}, "
              f"{result['args']['repeats']} timed repeats. Median ms; ratio = texelfit / other "
              "(below 1: texelfit faster). Only the ratios within this run stand (a shared machine).", "",
-             "Wall-clock ms:", ""] + table_lines(t, ratios, fws, "ms") + [
+             "Wall-clock ms:", ""] + table_lines(t, ratios, fws, "ms", rows, labels) + [
              "", "CPU ms used by the browser's processes during the same calls (SwiftShader included; other "
              "processes' load barely changes it, so these ratios are the steadier ones on a shared machine; "
              "for a WebGL page it is the GPU's work, for a WASM one the work of one thread):", ""] + \
-        table_lines(t, result["cpuRatios"], fws, "cpuMs")
-    lines += ["", "Target: texelfit at least 2x faster than TF.js WebGL on every row (ratio <= 0.5):", ""]
-    for row in ROWS:
-        r = ratios.get(row, {}).get("tfjs-webgl")
-        cr = result["cpuRatios"].get(row, {}).get("tfjs-webgl")
-        lines.append(f"- {ROW_LABELS[row]}: " + ("no number" if r is None else
+        table_lines(t, result["cpuRatios"], fws, "cpuMs", rows, labels)
+    if target:
+        lines += ["", "Target: texelfit at least 2x faster than TF.js WebGL on every row (ratio <= 0.5):", ""]
+        for row in rows:
+            r = ratios.get(row, {}).get("tfjs-webgl")
+            cr = result["cpuRatios"].get(row, {}).get("tfjs-webgl")
+            lines.append(f"- {labels[row]}: " + ("no number" if r is None else
                                                  f"{r:.2f} wall-clock ({'met' if r <= 0.5 else 'missed'})")
-                     + ("" if cr is None else f", {cr:.2f} in CPU time ({'met' if cr <= 0.5 else 'missed'})"))
+                         + ("" if cr is None else f", {cr:.2f} in CPU time ({'met' if cr <= 0.5 else 'missed'})"))
     lines += ["", "Output checks before timing (against PyTorch, relative L2 / max abs):", ""]
     for fw, cs in result["checks"].items():
         for name, c in cs.items():
             lines.append(f"- {fw} {name}: {c.get('relL2', float('nan')):.2e} / {c.get('maxAbs', float('nan')):.2e}"
                          f"{'' if c.get('ok') else ' FAILED'}")
-    errs = [(row, f, e) for row in ROWS for f, c in t.get(row, {}).items() for e in c["errors"]]
+    errs = [(row, f, e) for row in rows for f, c in t.get(row, {}).items() for e in c["errors"]]
     if errs or result["notes"]:
         lines += ["", "Failures:", ""]
         for row, f, e in errs:

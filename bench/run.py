@@ -388,10 +388,15 @@ def settle():
     return time.monotonic() - t0
 
 
-def run_in_page(browser, url, case, fw, built, args, extra=None):
-    page_name = "texelfit" if fw == "texelfit" else "tfjs"
+def call_in_page(browser, url, page_name, call, prepare=None):
+    """Open bench/pages/PAGE_NAME.html in a fresh context, wait for it, let the machine settle, then
+    `call(page)` (the page's result dict), recording the other processes' CPU load around it; an
+    exception, or the page's console errors, are recorded in the result and the run goes on.
+    `prepare(page)` runs before the page loads (timeouts, exposed functions)."""
     ctx = browser.new_context()
     page = ctx.new_page()
+    if prepare:
+        prepare(page)
     errors = []
     page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
@@ -399,18 +404,24 @@ def run_in_page(browser, url, case, fw, built, args, extra=None):
         page.goto(f"{url}/pages/{page_name}.html")
         page.wait_for_function("window.benchReady === true", timeout=60_000)
         settled_s = settle()
-        fn = "predict" if case["optimizer"] is None else "train"
         c0 = cpu_sample()  # the page's renderer is alive from here until ctx.close()
-        result = page.evaluate(f"(a) => window.bench.{fn}(a)", {**page_args(case, fw, url, built, args), **(extra or {})})
+        result = call(page)
         result["foreignCores"] = foreign_cores(c0, cpu_sample())
         result["settledS"] = settled_s
     except Exception as e:  # recorded, the run goes on
-        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
     finally:
         ctx.close()
     if errors:
         result["pageErrors"] = errors[:10]
     return result
+
+
+def run_in_page(browser, url, case, fw, built, args, extra=None):
+    fn = "predict" if case["optimizer"] is None else "train"
+    page_args_ = {**page_args(case, fw, url, built, args), **(extra or {})}
+    return call_in_page(browser, url, "texelfit" if fw == "texelfit" else "tfjs",
+                        lambda page: page.evaluate(f"(a) => window.bench.{fn}(a)", page_args_))
 
 
 def browser_round(url, built, args, r, retries):

@@ -678,6 +678,21 @@ class Reductions(nn.Module):
         return self.fc(torch.cat([a.flatten(1), b.flatten(1), c, d], 1))
 
 
+class L2Normalize(nn.Module):
+    """F.normalize (ReduceL2, Clip, Expand, Div): over the channels at each position of a conv's output,
+    and over the features of a Linear's (the sentence encoders' last step), scaled into a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3)
+        self.fc = nn.Linear(6 * 9 * 7, 8)
+        self.out = nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = F.normalize(self.conv(x), p=2, dim=1)
+        return self.out(4.0 * F.normalize(self.fc(y.flatten(1)), p=2, dim=1))
+
+
 class TransposedConvs(nn.Module):
     """ConvTranspose2d: stride 2 with padding, output_padding and a fused ReLU; grouped and dilated without a
     bias; depthwise; an uneven stride and kernel (non-overlapping windows) before a tanh."""
@@ -756,6 +771,7 @@ BLOCK_CASES = {
     "two_activations_layer_scale": (TwoActivations, (3, 11, 9)),
     "prelu": (PReLUNet, (3, 11, 9)),
     "reductions": (Reductions, (3, 11, 9)),
+    "l2_normalize": (L2Normalize, (3, 11, 9)),
     "keyword_spotting_conv1d": (lambda: _folded_spotter(), (13, 25)),
     "conv_transpose": (TransposedConvs, (3, 5, 4)),
     "unet_decoder": (lambda: _with_bn_stats(UNetDecoder()), (3, 12, 8)),

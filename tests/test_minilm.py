@@ -2,9 +2,10 @@
 built for 128 tokens, gives SentenceTransformer.encode's embeddings in Chromium (float32).
 
 Until the bundle takes integer ids (the embedding table's Gather), the bundle starts after the table's
-lookup: texelfit.examples.minilm_from_word_vectors takes the word vectors of the ids [N, 128, 384] (looked up
-in Python, ids from the Hugging Face tokenizer) and the attention mask [N, 128]; position and token-type
-embeddings, the embedding LayerNorm, the 6 BERT layers with the additive mask, masked mean pooling and the
+lookup: texelfit.minilm.MiniLMEncoder with its word embedding replaced by the identity takes the word
+vectors of the ids [N, 128, 384] (looked up in Python, ids from the Hugging Face tokenizer) as its
+`input_ids`, and the attention mask [N, 128]; the position and token-type embeddings, the embedding
+LayerNorm, the 6 BERT layers with the additive mask from the mask input, masked mean pooling and the
 normalisation run in the bundle.
 """
 from __future__ import annotations
@@ -20,10 +21,10 @@ pytest.importorskip("sentence_transformers")
 
 from helpers import run_model  # noqa: E402
 from texelfit.build import compile_onnx  # noqa: E402
-from texelfit.examples import MINILM_TOKENS, MiniLMEncoder, load_minilm  # noqa: E402
+from texelfit.minilm import MAX_TOKENS, MiniLMEncoder, sentence_transformer  # noqa: E402
 from texelfit.prep.load import export_simplified  # noqa: E402
 
-T = MINILM_TOKENS
+T = MAX_TOKENS
 SHAPES = [(T, 384), (T,)]
 NAMES = ["input_ids", "attention_mask"]
 
@@ -46,10 +47,11 @@ def sentences(count=16, seed=0):
 
 @pytest.fixture(scope="module")
 def minilm(site):
-    st = load_minilm()
+    st = sentence_transformer()  # the reference, and the word embedding table
     st.max_seq_length = T  # (its default is 256 tokens) the reference truncates where the bundle's input ends
     bert = st[0].auto_model.eval()
-    module = MiniLMEncoder(bert, from_word_vectors=True).eval()
+    module = MiniLMEncoder(sentence_transformer()[0].auto_model).eval()  # (it takes the position table out)
+    module.bert.embeddings.word_embeddings = torch.nn.Identity()  # input_ids: the word vectors
     result = compile_onnx(export_simplified(module, SHAPES, NAMES), name="minilm", input_shape=SHAPES, max_batch=4,
                           trainable="none")
     url = site.add_files("minilm", result.files)

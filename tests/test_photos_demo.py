@@ -60,6 +60,7 @@ def person(camera_browser, site):
     """A fresh profile (empty IndexedDB) in the fake-camera browser; console errors and requests that
     leave 127.0.0.1 fail the test."""
     context = camera_browser.new_context(accept_downloads=True)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=site.url)
     page = context.new_page()
     errors, outside = [], []
     page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
@@ -104,6 +105,24 @@ def drop_files(page, selector: str, files: list[bytes], stem: str):
     }""", [{"name": f"{stem}-{i}.png", "b64": base64.b64encode(b).decode()} for i, b in enumerate(files)])
     page.dispatch_event(selector, "dragover", {"dataTransfer": dt})
     page.dispatch_event(selector, "drop", {"dataTransfer": dt})
+
+
+def choose_files(page, selector: str, files: list[bytes], stem: str):
+    """Pick image files in a class's "Choose files" dialog (the file input behind it)."""
+    page.set_input_files(f"{selector} input[type=file]",
+                         [{"name": f"{stem}-{i}.png", "mimeType": "image/png", "buffer": b} for i, b in enumerate(files)])
+
+
+def paste_picture(page, selector: str, picture: bytes):
+    """Put a PNG on the system clipboard, select the class by clicking its card, press Ctrl-V."""
+    page.evaluate("""async (b64) => {
+        const bin = atob(b64), u = new Uint8Array(bin.length);
+        for (let i = 0; i < bin.length; i++) u[i] = bin.charCodeAt(i);
+        await navigator.clipboard.write([new ClipboardItem({ 'image/png': new Blob([u], { type: 'image/png' }) })]);
+    }""", base64.b64encode(picture).decode())
+    page.click(f"{selector} .thumbs")
+    page.wait_for_selector(f"{selector}.active", state="attached")
+    page.keyboard.press("Control+V")
 
 
 def poll(condition, seconds: float, message=None):
@@ -285,7 +304,13 @@ def test_person_captures_from_the_webcam_trains_and_predicts_live(person, photos
     names = ["temple", "flower", "me"]
     make_classes(page, names)
     drop_files(page, card(0), pictures["temple"], "temple")
-    drop_files(page, card(1), pictures["flower"], "flower")
+    # the flower class through the other two ways in: its "Choose files" input, then Ctrl-V of a picture
+    # on the clipboard with the class selected
+    choose_files(page, card(1), pictures["flower"][:-1], "flower")
+    page.wait_for_selector(f"body[data-examples='{2 * PER_CLASS - 1}']", state="attached", timeout=60_000)
+    paste_picture(page, card(1), pictures["flower"][-1])
+    page.wait_for_selector(f"body[data-examples='{2 * PER_CLASS}']", state="attached", timeout=60_000)
+    assert page.locator(f"{card(1)} .thumbs img").count() == PER_CLASS
     page.click("#camera-toggle")
     page.wait_for_selector("body[data-camera=on]", state="attached", timeout=30_000)
     assert "mirror" in page.get_attribute("#camera", "class")

@@ -133,3 +133,26 @@ export async function profileGl(fn, repeat = 1) {
   }
   return { byKernel, ms: performance.now() - t0, syncMs: syncs ? syncTotal / syncs : null, repeat };
 }
+
+// TF.js on the backend asked for, or an error; returns what the result files record of it. TF.js
+// refuses a software WebGL context (failIfMajorPerformanceCaveat) unless told otherwise; the machines
+// this runs on render WebGL with SwiftShader.
+export async function tfjsInit(tf, backend, wasmPath) {
+  tf.env().set('SOFTWARE_WEBGL_ENABLED', true);
+  if (backend === 'wasm') tf.wasm.setWasmPaths(wasmPath);
+  const ok = await tf.setBackend(backend);
+  await tf.ready();
+  if (!ok || tf.getBackend() !== backend) throw new Error(`TF.js backend ${backend} unavailable (got ${tf.getBackend()})`);
+  const env = { backend: tf.getBackend(), version: tf.version.tfjs };
+  if (backend === 'webgl') {
+    env.webglVersion = tf.env().getNumber('WEBGL_VERSION');
+    const gl = tf.backend().gpgpu.gl;
+    const dbg = gl.getExtension('WEBGL_debug_renderer_info');
+    env.renderer = dbg ? gl.getParameter(dbg.UNMASKED_RENDERER_WEBGL) : gl.getParameter(gl.RENDERER);
+  } else {
+    env.simd = await tf.env().getAsync('WASM_HAS_SIMD_SUPPORT');
+    env.multithread = await tf.env().getAsync('WASM_HAS_MULTITHREAD_SUPPORT');
+    env.crossOriginIsolated = self.crossOriginIsolated;
+  }
+  return env;
+}

@@ -67,3 +67,33 @@ export function failedChecks(checks) {
   const bad = Object.entries(checks).filter(([, c]) => !c.ok);
   return bad.length ? `output differs from PyTorch: ${bad.map(([k, c]) => `${k} relL2 ${c.relL2 ?? c.error}`).join(', ')}` : null;
 }
+
+// texelfit's head training: one fit of `a.headEpochs` epochs over `count` examples (x, y) with the trunk
+// cached. The fit computes the cache before its first step; onStep's times only say when a step was
+// queued, but a call that receives losses knows the GPU has finished the steps up to the last of
+// them. ms/step = (end of the fit - first such call after epoch 1) / the steps between the two.
+export async function headRow(m, x, y, count, a) {
+  const marks = [];
+  const perEpoch = Math.ceil(count / a.batch);
+  const t0 = performance.now();
+  await m.fit(x, y, {
+    batchSize: a.batch, epochs: a.headEpochs, shuffle: true, seed: 1, cacheTrunk: true, optimizer: a.optimizer,
+    onStep: ({ losses }) => {
+      if (!losses.length) return;
+      const mark = { t: performance.now(), done: losses[losses.length - 1].step, cpu: null };
+      // (the CPU reading arrives a moment later; only the first mark after epoch 1 is used)
+      if (mark.done >= perEpoch - 1 && !marks.some((k) => k.cpu)) mark.cpu = cpuMs();
+      marks.push(mark);
+    },
+  });
+  const end = performance.now();
+  const cpuEnd = await cpuMs();
+  const total = perEpoch * a.headEpochs;
+  const start = marks.find((k) => k.done >= perEpoch - 1 && k.done < total - 1);
+  if (!start) throw new Error(`no loss readback between epoch 1 and the end (${JSON.stringify(marks)})`);
+  const steps = total - 1 - start.done;
+  const cpuStart = start.cpu ? await start.cpu : null;
+  const cpu = cpuStart !== null && cpuEnd !== null ? (cpuEnd - cpuStart) / steps : null;
+  return { ms: (end - start.t) / steps, samples: [(end - start.t) / steps], cpuMs: cpu, cpuSamples: cpu === null ? [] : [cpu],
+           detail: { fitMs: end - t0, timedSteps: steps, marks: marks.map((k) => [Math.round(k.t - t0), k.done]) } };
+}

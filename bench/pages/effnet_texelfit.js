@@ -2,37 +2,7 @@
 // --trainable '_fc.*' (predict, features, head training on the cached trunk); part 'full': the
 // bundle built with every weight trainable (the fine-tune step).
 import { loadF32, loadI32, profileGl } from './common.js';
-import { PER_IMAGE, compare, timed, rowsOf, failedChecks, cpuMs } from './effnet_common.js';
-
-// Head training: one fit of `epochs` epochs over the 32 images (4 steps an epoch) with the trunk
-// cached. The fit computes the cache before its first step; onStep's times only say when a step was
-// queued, but a call that receives losses knows the GPU has finished the steps up to the last of
-// them. ms/step = (end of the fit - first such call after epoch 1) / the steps between the two.
-async function headRow(m, x, y, a) {
-  const marks = [];
-  const perEpoch = Math.ceil(a.images / a.batch);
-  const t0 = performance.now();
-  await m.fit(x, y, {
-    batchSize: a.batch, epochs: a.headEpochs, shuffle: true, seed: 1, cacheTrunk: true, optimizer: a.optimizer,
-    onStep: ({ losses }) => {
-      if (!losses.length) return;
-      const mark = { t: performance.now(), done: losses[losses.length - 1].step, cpu: null };
-      // (the CPU reading arrives a moment later; only the first mark after epoch 1 is used)
-      if (mark.done >= perEpoch - 1 && !marks.some((k) => k.cpu)) mark.cpu = cpuMs();
-      marks.push(mark);
-    },
-  });
-  const end = performance.now();
-  const cpuEnd = await cpuMs();
-  const total = perEpoch * a.headEpochs;
-  const start = marks.find((k) => k.done >= perEpoch - 1 && k.done < total - 1);
-  if (!start) throw new Error(`no loss readback between epoch 1 and the end (${JSON.stringify(marks)})`);
-  const steps = total - 1 - start.done;
-  const cpuStart = start.cpu ? await start.cpu : null;
-  const cpu = cpuStart !== null && cpuEnd !== null ? (cpuEnd - cpuStart) / steps : null;
-  return { ms: (end - start.t) / steps, samples: [(end - start.t) / steps], cpuMs: cpu, cpuSamples: cpu === null ? [] : [cpu],
-           detail: { fitMs: end - t0, timedSteps: steps, marks: marks.map((k) => [Math.round(k.t - t0), k.done]) } };
-}
+import { PER_IMAGE, compare, timed, rowsOf, failedChecks, headRow } from './effnet_common.js';
 
 async function run(a) {
   const [x, y] = [await loadF32(a.x), await loadI32(a.y)];
@@ -56,7 +26,7 @@ async function run(a) {
     rows = await rowsOf([
       ['predict_b1', () => timed(a.warmup, a.repeats, () => m.predict(one, 1), a.slow)],
       ['features_32', () => timed(a.warmup, a.repeats, () => m.features(x, a.images), a.slow)],
-      ['head_step_b8', () => headRow(m, x, y, a)],
+      ['head_step_b8', () => headRow(m, x, y, a.images, a)],
     ]);
     if (a.profileHead && rows.head_step_b8.ms) try {
       // diagnostic, after the timed rows: where a head step's time goes. A 3-epoch fit on the first 8

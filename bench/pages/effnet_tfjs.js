@@ -1,29 +1,10 @@
 // TensorFlow.js side of the EfficientNet-Lite0 benchmark: the same network built with tf.layers
 // (NHWC; batch-norm folded into the conv before it, as texelfit folds it; ReLU6; padding 'same',
 // which is the PyTorch model's static padding, checked in efficientnet.py), with the same weights.
-import { loadF32, loadI32 } from './common.js';
+import { loadF32, loadI32, tfjsInit } from './common.js';
 import { PER_IMAGE, compare, timed, rowsOf, failedChecks, cpuMs } from './effnet_common.js';
 
 const tf = window.tf;
-
-async function init(backend, wasmPath) {
-  tf.env().set('SOFTWARE_WEBGL_ENABLED', true); // SwiftShader (see tfjs_bench.js)
-  if (backend === 'wasm') tf.wasm.setWasmPaths(wasmPath);
-  const ok = await tf.setBackend(backend);
-  await tf.ready();
-  if (!ok || tf.getBackend() !== backend) throw new Error(`TF.js backend ${backend} unavailable (got ${tf.getBackend()})`);
-  const env = { backend: tf.getBackend(), version: tf.version.tfjs };
-  if (backend === 'webgl') {
-    const gl = tf.backend().gpgpu.gl;
-    const dbg = gl.getExtension('WEBGL_debug_renderer_info');
-    env.renderer = dbg ? gl.getParameter(dbg.UNMASKED_RENDERER_WEBGL) : gl.getParameter(gl.RENDERER);
-  } else {
-    env.simd = await tf.env().getAsync('WASM_HAS_SIMD_SUPPORT');
-    env.multithread = await tf.env().getAsync('WASM_HAS_MULTITHREAD_SUPPORT');
-    env.crossOriginIsolated = self.crossOriginIsolated;
-  }
-  return env;
-}
 
 // layers: [{op: conv|dw|add|gap|dense, ...}] from efficientnet.py's tf_spec; weights [offset, shape]
 // into one float32 blob
@@ -81,7 +62,7 @@ function step(opt, net, xb, yb, classes) {
 }
 
 async function run(a) {
-  const env = await init(a.backend, a.wasmPath);
+  const env = await tfjsInit(tf, a.backend, a.wasmPath);
   const [x, y] = [await loadF32(a.x), await loadI32(a.y)];
   const layers = await (await fetch(a.layers)).json();
   const blob = await loadF32(a.weights);

@@ -1,30 +1,9 @@
 // TensorFlow.js side of the benchmark (tf.min.js and tf-backend-wasm.min.js are loaded as classic
 // scripts by tfjs.html). Same architecture, initial weights and batches as the texelfit bundle.
-import { loadF32, loadI32, longestTaskIn, median } from './common.js';
+import { loadF32, loadI32, longestTaskIn, median, tfjsInit } from './common.js';
 
 const tf = window.tf;
 
-async function init(backend, wasmPath) {
-  // TF.js refuses a software WebGL context (failIfMajorPerformanceCaveat) unless told otherwise;
-  // the machines this runs on render WebGL with SwiftShader.
-  tf.env().set('SOFTWARE_WEBGL_ENABLED', true);
-  if (backend === 'wasm') tf.wasm.setWasmPaths(wasmPath);
-  const ok = await tf.setBackend(backend);
-  await tf.ready();
-  if (!ok || tf.getBackend() !== backend) throw new Error(`TF.js backend ${backend} unavailable (got ${tf.getBackend()})`);
-  const env = { backend: tf.getBackend(), version: tf.version.tfjs };
-  if (backend === 'webgl') {
-    env.webglVersion = tf.env().getNumber('WEBGL_VERSION');
-    const gl = tf.backend().gpgpu.gl;
-    const dbg = gl.getExtension('WEBGL_debug_renderer_info');
-    env.renderer = dbg ? gl.getParameter(dbg.UNMASKED_RENDERER_WEBGL) : gl.getParameter(gl.RENDERER);
-  } else {
-    env.simd = await tf.env().getAsync('WASM_HAS_SIMD_SUPPORT');
-    env.multithread = await tf.env().getAsync('WASM_HAS_MULTITHREAD_SUPPORT');
-    env.crossOriginIsolated = self.crossOriginIsolated;
-  }
-  return env;
-}
 
 // layers: [{type: 'dense', units, relu}, {type: 'conv', filters, kernel, relu}, {type: 'maxpool', size}, {type: 'flatten'}]
 async function build(layers, inputShape, weightsUrl, shapes) {
@@ -62,7 +41,7 @@ async function train({ backend, wasmPath, layers, inputShape, weights, shapes, x
   const [x, y] = [await loadF32(xUrl), await loadI32(yUrl)];
   const inSize = inputShape.reduce((a, b) => a * b, 1);
   const t0 = performance.now();
-  const env = await init(backend, wasmPath);
+  const env = await tfjsInit(tf, backend, wasmPath);
   const t1 = performance.now();
   const model = await build(layers, inputShape, weights, shapes);
   const opt = makeOptimizer(optimizer);
@@ -110,7 +89,7 @@ async function predict({ backend, wasmPath, layers, inputShape, weights, shapes,
   const x = await loadF32(xUrl);
   const inSize = inputShape.reduce((a, b) => a * b, 1);
   const t0 = performance.now();
-  const env = await init(backend, wasmPath);
+  const env = await tfjsInit(tf, backend, wasmPath);
   const t1 = performance.now();
   const model = await build(layers, inputShape, weights, shapes);
   const t2 = performance.now();
