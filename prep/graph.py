@@ -376,9 +376,22 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             consts[out] = numpy_helper.to_array(a["value"]) if "value" in a else np.asarray(
                 a.get("value_ints", a.get("value_int", a.get("value_floats", a.get("value_float")))))
             continue
-        if op == "Expand" and ins[0] not in consts and ins[0] not in batch_consts and \
-                (rest := onnx_shape.batch_shape(consts.get(ins[1]))) is not None:  # an activation, to [N, ...]
-            layers.append(_expand(node, act(ins[0]), out, [1] + list(rest), shapes))
+        if op == "Expand" and ins[0] not in consts and ins[0] not in batch_consts:
+            # an activation repeated to a larger shape (F.normalize expands its norm to the input's shape):
+            # every consumer broadcasting it anyway, it is the activation itself
+            users = [n for n in g.node if out in n.input]
+            if users and all(n.op_type in BY_ONNX and BY_ONNX[n.op_type].arity == 2 for n in users):
+                alias[out] = act(ins[0])
+                continue
+            # else (nn.MultiheadAttention's key padding mask [N, 1, 1, T] repeated over the heads, then
+            # reshaped): to a constant shape, or [N, ...], with its batch dim 1, a broadcasting mul (_expand)
+            target = consts.get(ins[1])
+            if (rest := onnx_shape.batch_shape(target)) is not None:
+                target = [1] + list(rest)
+            elif target is None or isinstance(target, list):
+                raise BuildError(f"{_where(node)}: Expand of an activation is supported into elementwise ops that "
+                                 f"broadcast it, or to a constant shape; it feeds {sorted({n.op_type for n in users})}")
+            layers.append(_expand(node, act(ins[0]), out, np.asarray(target).reshape(-1).tolist(), shapes))
             continue
         if op in ("Expand", "ConstantOfShape") and onnx_shape.batch_shape(consts.get(ins[-1])) is not None:
             batch_consts[out] = onnx_shape.batch_constant(_where(node), op, a, [consts[i] for i in ins])
@@ -424,9 +437,6 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
                 v := moves_batch(node, op, a, ins)) is not None:
             v.origin = getattr(lazy.get(alias.get(ins[0], ins[0])), "origin", "") or _where(node)
             set_lazy(out, v)
-            continue
-        if op == "Expand" and ins[1] in consts and not isinstance(consts[ins[1]], list):
-            layers.append(_expand(node, act(ins[0]), out, np.asarray(consts[ins[1]]).reshape(-1).tolist(), shapes))
             continue
         if op == "Cast" and alias.get(ins[0], ins[0]) in integer and a.get("to") in (1, 6, 7, 11):
             # token ids are exact floats in every tier: a Cast of them to int32, int64, float or double is the
@@ -767,7 +777,7 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             x = act(ins[0])
             rank = len(shapes[x]) + 1
             final = out
-            if op == "ReduceL2":  # sqrt(ReduceSum(x ** 2)): F.normalize's norm
+            if op == "ReduceL2":  # sqrt(ReduceSum(x ** 2)): F.normalize's norm, in three declared ops
                 layers.append(Layer("pow", f"{node.name}:square", [x], [f"{out}:square"], {"exponent": 2.0}))
                 shapes[f"{out}:square"] = shapes[x]
                 x, out = f"{out}:square", f"{out}:sumsq"
@@ -789,7 +799,8 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             else:
                 layers.append(Layer("reduce", node.name, [x], [out],
                                     {"kind": "sum" if op == "ReduceL2" else op[len("Reduce"):].lower(),
-                                     "axes": [v - 1 for v in axes], "keepdims": keep}))
+                                     "axes": [v - 1 for v in axes],
+                                     "keepdims": keep}))
             kept = [d if i + 1 not in axes else 1 for i, d in enumerate(shapes[x])]
             shapes[out] = tuple(kept) if keep else tuple(d for i, d in enumerate(shapes[x]) if i + 1 not in axes)
             if not shapes[out]:

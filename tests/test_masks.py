@@ -18,7 +18,7 @@ from helpers import FWD, GRAD, TRAJ_LOSS, TRAJ_W, OPTIMIZERS, assert_close, run_
 from texelfit.build import compile_onnx
 from texelfit.prep.graph import to_ir
 from texelfit.prep.load import BuildError, export_simplified
-from texelfit.prep.torch_ir import IRModule
+from texelfit.prep.torch_ir import IRModule, export_onnx
 
 BACKENDS = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"}}
 T, FEAT = 7, 16
@@ -175,6 +175,11 @@ def test_a_two_input_model_imports_with_its_input_names():
         assert ("select_eq" in ops) != module.additive and "softmax" in ops, ops
     with pytest.raises(BuildError, match="1 input shape"):
         to_ir(export_simplified(module, SHAPES, NAMES), (T, FEAT))
+    # what import-weights writes (prep/torch_ir.py: export_onnx) keeps both inputs, in order
+    module = masked_pool().eval()
+    again = to_ir(export_onnx(to_ir(export_simplified(module, SHAPES, NAMES), SHAPES)))
+    assert again.inputs == ("x", "mask") and again.input_shapes == SHAPES
+    assert torch.allclose(IRModule(again)(x, m), module(x, m), atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

@@ -60,3 +60,27 @@ def test_worker_project_typechecks(bundle):
     assert options["lib"] == ["ES2022", "WebWorker"] and options["skipLibCheck"] is False
     r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_multi_input_bundle_types_its_inputs_by_name(tmp_path):
+    """build --inputs: predict, fit and gradients take `Inputs`, an object with one array per input name;
+    an object missing an input does not type-check."""
+    from test_masks import NAMES, SHAPES, masked_pool
+
+    torch.manual_seed(0)
+    out = os.path.join(ROOT, "dist", "typecheck_inputs")
+    shutil.rmtree(out, ignore_errors=True)
+    write_files(out, compile_onnx(export_simplified(masked_pool(), SHAPES, NAMES), name="model", input_shape=SHAPES).files)
+    config = os.path.join(ROOT, "tests", "typecheck", "tsconfig.inputs.json")
+    r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    usage = os.path.join(ROOT, "tests", "typecheck", "inputs.ts")
+    original = open(usage).read()
+    try:
+        with open(usage, "w") as f:
+            f.write(original.replace(", mask: new Float32Array(2 * 7) }", " }"))
+        r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        with open(usage, "w") as f:
+            f.write(original)
+    assert r.returncode != 0 and "'mask' is missing" in r.stdout, r.stdout
