@@ -415,18 +415,23 @@ def main(argv=None):
                 pages += got
         finally:
             httpd.shutdown()
+    write_result(args, "efficientnet", pages, version, info, markdown)
+
+
+def write_result(args, name, pages, version, info, to_markdown, **extra):
+    """Summarise the pages, write args.out/NAME.json (everything) and NAME.md (to_markdown of it), print it."""
     table, ratios, cpu_ratios, checks, notes = summarize(pages)
     result = {"meta": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                        "chromium": version, "cpu": f"{platform.processor() or platform.machine()}, "
                        f"{os.cpu_count()} cores", "git": common.git_state(None), "torch": torch.__version__},
               "args": vars(args), "prep": info, "table": table, "ratios": ratios, "cpuRatios": cpu_ratios, "checks": checks, "notes": notes,
-              "pages": pages}
+              "pages": pages, **extra}
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "efficientnet.json"), "w") as f:
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
         f.write("\n")
-    md = markdown(result)
-    with open(os.path.join(args.out, "efficientnet.md"), "w") as f:
+    md = to_markdown(result)
+    with open(os.path.join(args.out, f"{name}.md"), "w") as f:
         f.write(md)
     print(md)
 

@@ -15,10 +15,8 @@ bench/results/minilm.json and bench/results/minilm.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -121,9 +119,11 @@ def prepare(site, compile_onnx, export_inputs, quantize, frameworks):
     e._write(os.path.join(site, "data", "y.bin"), y.tobytes())
     with torch.no_grad():
         emb = model.encoder(ids["input_ids"], ids["attention_mask"]).numpy()
+        logits1 = model(ids["input_ids"][:1], ids["attention_mask"][:1]).numpy()
         loss = float(F.cross_entropy(model(ids["input_ids"][:BATCH], ids["attention_mask"][:BATCH]),
                                      torch.from_numpy(y[:BATCH]).long()))
     e._write(os.path.join(site, "data", "ref_embeddings.bin"), emb.tobytes())
+    e._write(os.path.join(site, "data", "ref_logits1.bin"), logits1.tobytes())
     info.update(bundles=bundles, pytorch_first_loss_b8=loss, tf_weights=int(blob.size))
     return info
 
@@ -133,7 +133,7 @@ def page_args(fw, part, url, args):
     a = dict(part=part, warmup=args.warmup, repeats=args.repeats, headEpochs=args.head_epochs, batch=BATCH,
              tokens=TOKENS, optimizer=e.ADAM, checkTol=CHECK_REL_L2, slow={"ms": args.slow_s * 1000, "repeats": 1},
              ids=f"{d}/input_ids.bin", mask=f"{d}/attention_mask.bin", y=f"{d}/y.bin",
-             refEmbeddings=f"{d}/ref_embeddings.bin")
+             refEmbeddings=f"{d}/ref_embeddings.bin", refLogits=f"{d}/ref_logits1.bin")
     if fw == "texelfit":
         return dict(a, bundle=f"{url}/bundles/{part}/minilm.js")
     if fw.startswith("tfjs"):
@@ -235,21 +235,7 @@ def main(argv=None):
         finally:
             httpd.shutdown()
     del args.site
-    table, ratios, cpu_ratios, checks, notes = e.summarize(pages)
-    result = {"meta": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                       "chromium": version, "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                       "git": common.git_state(None), "torch": torch.__version__},
-              "args": vars(args), "prep": info, "table": table, "ratios": ratios, "cpuRatios": cpu_ratios,
-              "checks": checks, "notes": notes, "pages": pages, "builds": builds}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "minilm.json"), "w") as f:
-        json.dump(result, f, indent=1, sort_keys=True)
-        f.write("\n")
-    md = markdown(result)
-    with open(os.path.join(args.out, "minilm.md"), "w") as f:
-        f.write(md)
-    print(md)
-
+    e.write_result(args, "minilm", pages, version, info, markdown, builds=builds)
 
 if __name__ == "__main__":
     main()

@@ -97,3 +97,59 @@ export async function headRow(m, x, y, count, a) {
   return { ms: (end - start.t) / steps, samples: [(end - start.t) / steps], cpuMs: cpu, cpuSamples: cpu === null ? [] : [cpu],
            detail: { fitMs: end - t0, timedSteps: steps, marks: marks.map((k) => [Math.round(k.t - t0), k.done]) } };
 }
+
+// TF.js's head-training row: `warm` untimed steps (compiles), then `steps` timed ones of one() (each
+// returning its loss tensor), the last loss read back ending them; ms and CPU ms a step.
+export async function tfjsSteps(one, warm, steps) {
+  (await one().data());
+  for (let i = 1; i < warm; i++) one().dispose();
+  const c = await cpuMs();
+  const t = performance.now();
+  let last = null;
+  for (let i = 0; i < steps; i++) { if (last) last.dispose(); last = one(); }
+  await last.data();
+  const ms = (performance.now() - t) / steps;
+  const c1 = await cpuMs();
+  const cpu = c === null ? null : (c1 - c) / steps;
+  last.dispose();
+  return { ms, samples: [ms], cpuMs: cpu, cpuSamples: cpu === null ? [] : [cpu], detail: { timedSteps: steps } };
+}
+
+// A fine-tune row: timed calls of step(), each one training step that resolves to its loss, the
+// losses kept in the detail.
+export async function stepRow(step, a) {
+  const losses = [];
+  const r = await timed(a.warmup, a.repeats, async () => { losses.push(await step()); }, a.slow);
+  r.detail.losses = losses;
+  return r;
+}
+
+// texelfit's fine-tune row: fits of one step on (xb, yb).
+export function fitStepRow(m, xb, yb, opts, a) {
+  return stepRow(async () => (await m.fit(xb, yb, opts)).loss[0], a);
+}
+
+// TF.js's: step() gives the loss tensor of one training step.
+export function tfjsStepRow(step, a) {
+  return stepRow(async () => {
+    const l = step();
+    const v = (await l.data())[0];
+    l.dispose();
+    return v;
+  }, a);
+}
+
+// onnxruntime-web's environment for the result files, with the WebGPU adapter where a.ep asks for it;
+// `error` says why there is none.
+export async function ortEnv(ort, a) {
+  ort.env.wasm.wasmPaths = a.wasmPath;
+  const env = { version: ort.env.versions?.web ?? null, ep: a.ep, crossOriginIsolated: self.crossOriginIsolated,
+                hardwareConcurrency: navigator.hardwareConcurrency };
+  if (a.ep === 'webgpu') {
+    const adapter = navigator.gpu ? await navigator.gpu.requestAdapter() : null;
+    if (!adapter) return { env, error: navigator.gpu ? 'no WebGPU adapter (requestAdapter() gave null)' : 'no navigator.gpu' };
+    const i = adapter.info ?? {};
+    env.adapter = { vendor: i.vendor, architecture: i.architecture, device: i.device, description: i.description };
+  }
+  return { env };
+}

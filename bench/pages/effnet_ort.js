@@ -3,18 +3,11 @@
 // the features row), WASM with the threads it gets, or WebGPU where the browser gives an adapter.
 import * as ort from '../ort/ort.all.min.mjs';
 import { loadF32 } from './common.js';
-import { PER_IMAGE, compare, timed, rowsOf, failedChecks } from './effnet_common.js';
+import { PER_IMAGE, compare, timed, rowsOf, failedChecks, ortEnv } from './effnet_common.js';
 
 async function run(a) {
-  ort.env.wasm.wasmPaths = a.wasmPath;
-  const env = { version: ort.env.versions?.web ?? null, ep: a.ep, crossOriginIsolated: self.crossOriginIsolated,
-                hardwareConcurrency: navigator.hardwareConcurrency };
-  if (a.ep === 'webgpu') {
-    const adapter = navigator.gpu ? await navigator.gpu.requestAdapter() : null;
-    if (!adapter) return { env, error: navigator.gpu ? 'no WebGPU adapter (requestAdapter() gave null)' : 'no navigator.gpu' };
-    const i = adapter.info ?? {};
-    env.adapter = { vendor: i.vendor, architecture: i.architecture, device: i.device, description: i.description };
-  }
+  const { env, error } = await ortEnv(ort, a);
+  if (error) return { env, error };
   const [x] = [await loadF32(a.x)];
   const opts = { executionProviders: [a.ep], graphOptimizationLevel: 'all' };
   const t0 = performance.now();

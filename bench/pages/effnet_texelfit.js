@@ -2,7 +2,7 @@
 // --trainable '_fc.*' (predict, features, head training on the cached trunk); part 'full': the
 // bundle built with every weight trainable (the fine-tune step).
 import { loadF32, loadI32, profileGl } from './common.js';
-import { PER_IMAGE, compare, timed, rowsOf, failedChecks, headRow } from './effnet_common.js';
+import { PER_IMAGE, compare, timed, rowsOf, failedChecks, headRow, fitStepRow } from './effnet_common.js';
 
 async function run(a) {
   const [x, y] = [await loadF32(a.x), await loadI32(a.y)];
@@ -42,15 +42,8 @@ async function run(a) {
   } else {
     const xb = x.subarray(0, a.batch * PER_IMAGE);
     const yb = y.subarray(0, a.batch);
-    const losses = [];
     const opts = { batchSize: a.batch, epochs: 1, shuffle: false, optimizer: a.optimizer };
-    rows = await rowsOf([
-      ['finetune_step_b8', async () => {
-        const r = await timed(a.warmup, a.repeats, async () => { losses.push((await m.fit(xb, yb, opts)).loss[0]); }, a.slow);
-        r.detail.losses = losses;
-        return r;
-      }],
-    ]);
+    rows = await rowsOf([['finetune_step_b8', () => fitStepRow(m, xb, yb, opts, a)]]);
   }
   m.dispose();
   return { env, checks, rows };

@@ -2,7 +2,7 @@
 // (NHWC; batch-norm folded into the conv before it, as texelfit folds it; ReLU6; padding 'same',
 // which is the PyTorch model's static padding, checked in efficientnet.py), with the same weights.
 import { loadF32, loadI32, tfjsInit } from './common.js';
-import { PER_IMAGE, compare, timed, rowsOf, failedChecks, cpuMs } from './effnet_common.js';
+import { PER_IMAGE, compare, timed, rowsOf, failedChecks, tfjsSteps, tfjsStepRow } from './effnet_common.js';
 
 const tf = window.tf;
 
@@ -109,35 +109,22 @@ async function run(a) {
         yb.dispose();
         return l;
       };
-      const timedSteps = perEpoch * (a.headEpochs - 1); // as many steps as texelfit's timed part
-      (await one().data()); // warm-up: compiles
-      for (let i = 1; i < perEpoch; i++) one().dispose();
-      const c = await cpuMs();
-      const t = performance.now();
-      let last = null;
-      for (let i = 0; i < timedSteps; i++) { if (last) last.dispose(); last = one(); }
-      await last.data();
-      const ms = (performance.now() - t) / timedSteps;
-      const c1 = await cpuMs();
-      const cpu = c === null ? null : (c1 - c) / timedSteps;
-      last.dispose();
+      // warm-up: an epoch (compiles); then as many steps as texelfit's timed part
+      const r = await tfjsSteps(one, perEpoch, perEpoch * (a.headEpochs - 1));
       feats.dispose();
       ys.dispose();
-      return { ms, samples: [ms], cpuMs: cpu, cpuSamples: cpu === null ? [] : [cpu], detail: { timedSteps } };
+      return r;
     }],
     ['finetune_step_b8', async () => {
       const opt = adam(a.optimizer);
       const yb = tf.tensor1d(y.subarray(0, a.batch), 'int32');
       const xs = x.subarray(0, a.batch * PER_IMAGE);
-      const losses = [];
-      const r = await timed(a.warmup, a.repeats, async () => {
+      const r = await tfjsStepRow(() => {
         const xb = tf.tensor(xs, [a.batch, 224, 224, 3]); // uploaded every step, as texelfit's fit does
         const l = step(opt, model, xb, yb, classes);
-        losses.push((await l.data())[0]);
-        l.dispose();
         xb.dispose();
-      }, a.slow);
-      r.detail.losses = losses;
+        return l;
+      }, a);
       yb.dispose();
       return r;
     }],

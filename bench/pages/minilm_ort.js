@@ -3,18 +3,11 @@
 // gives an adapter. Its inputs are int64 ids and mask, as the export declares them.
 import * as ort from '../ort/ort.all.min.mjs';
 import { loadF32, loadI32 } from './common.js';
-import { compare, timed, rowsOf, failedChecks } from './effnet_common.js';
+import { compare, timed, rowsOf, failedChecks, ortEnv } from './effnet_common.js';
 
 async function run(a) {
-  ort.env.wasm.wasmPaths = a.wasmPath;
-  const env = { version: ort.env.versions?.web ?? null, ep: a.ep, crossOriginIsolated: self.crossOriginIsolated,
-                hardwareConcurrency: navigator.hardwareConcurrency };
-  if (a.ep === 'webgpu') {
-    const adapter = navigator.gpu ? await navigator.gpu.requestAdapter() : null;
-    if (!adapter) return { env, error: navigator.gpu ? 'no WebGPU adapter (requestAdapter() gave null)' : 'no navigator.gpu' };
-    const i = adapter.info ?? {};
-    env.adapter = { vendor: i.vendor, architecture: i.architecture, device: i.device, description: i.description };
-  }
+  const { env, error } = await ortEnv(ort, a);
+  if (error) return { env, error };
   const [ids, mask] = [await loadI32(a.ids), await loadI32(a.mask)];
   const t = a.tokens;
   const n = ids.length / t;

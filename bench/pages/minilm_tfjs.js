@@ -5,7 +5,7 @@
 // unmasked tokens, L2-normalised; a Linear head on it. The weights are the PyTorch state_dict's,
 // written by Python into one float32 blob ({name: [offset, shape]}; Linear weights [out, in]).
 import { loadF32, loadI32, tfjsInit } from './common.js';
-import { compare, timed, rowsOf, failedChecks, cpuMs } from './effnet_common.js';
+import { compare, timed, rowsOf, failedChecks, tfjsSteps, tfjsStepRow } from './effnet_common.js';
 
 const tf = window.tf;
 const HEADS = 12;
@@ -121,20 +121,10 @@ async function run(a) {
         const yb = ys.slice([i * a.batch], [xb.shape[0]]);
         return opt.minimize(() => loss(head(w, xb), yb, classes), true, [w['head.weight'], w['head.bias']]);
       });
-      (await one().data()); // warm-up: compiles
-      const steps = a.headSteps;
-      const c = await cpuMs();
-      const t2 = performance.now();
-      let last = null;
-      for (let i = 0; i < steps; i++) { if (last) last.dispose(); last = one(); }
-      await last.data();
-      const ms = (performance.now() - t2) / steps;
-      const c1 = await cpuMs();
-      const cpu = c === null ? null : (c1 - c) / steps;
-      last.dispose();
+      const r = await tfjsSteps(one, 1, a.headSteps);
       feats.dispose();
       ys.dispose();
-      return { ms, samples: [ms], cpuMs: cpu, cpuSamples: cpu === null ? [] : [cpu], detail: { steps } };
+      return r;
     }],
     ['finetune_step', async () => {
       // one Adam step of the last encoder layer and the head: the frozen layers' forward, then the
@@ -142,18 +132,12 @@ async function run(a) {
       const opt = adam(a.optimizer);
       const yb = tf.tensor1d(y.subarray(0, a.batch), 'int32');
       const trained = Object.keys(w).filter(tuned).map((k) => w[k]);
-      const losses = [];
-      const r = await timed(a.warmup, a.repeats, async () => {
-        const l = tf.tidy(() => {
-          const [ids, mask] = batch(0, a.batch);
-          const below = layers(w, embed(w, ids), mask, 0, a.lastLayer);
-          return opt.minimize(() => loss(head(w, pool(layers(w, below, mask, a.lastLayer, a.layers), mask)), yb, classes),
-                              true, trained);
-        });
-        losses.push((await l.data())[0]);
-        l.dispose();
-      }, a.slow);
-      r.detail.losses = losses;
+      const r = await tfjsStepRow(() => tf.tidy(() => {
+        const [ids, mask] = batch(0, a.batch);
+        const below = layers(w, embed(w, ids), mask, 0, a.lastLayer);
+        return opt.minimize(() => loss(head(w, pool(layers(w, below, mask, a.lastLayer, a.layers), mask)), yb, classes),
+                            true, trained);
+      }), a);
       yb.dispose();
       return r;
     }],
