@@ -342,7 +342,7 @@ class CastIds(nn.Module):
 def test_casts_of_the_ids_are_the_same_values():
     torch.manual_seed(9)
     m = CastIds().eval()
-    g = to_ir(export_simplified(m, (T,), "int32"), (T,))
+    g = to_ir(export_simplified(m, (T,), input_dtype="int32"), (T,))
     assert g.input_dtype == "int32" and [layer.op for layer in g.layers][0] == "embedding"
     x = torch.randint(0, V, (3, T), dtype=torch.int32)
     assert torch.allclose(IRModule(g)(x), m(x), atol=1e-5)
