@@ -252,7 +252,7 @@ SPLIT_MAX_PARTS = 16
 # of 5 for 16), and a depthwise conv fetches each input texel of the 4 outputs' windows once (3x3, stride 1:
 # 18 + 9 fetches for 4 outputs instead of 72). It writes 4 textures (col0:T .. col3:T, position 4*b + t in
 # texel column b of col{t}; WebGL2 promises 4 render targets, so no device needs a twin) and a second pass
-# interleaves those into T (kernels/interleave_cols.glsl.j2). Such a layer's forward is never sample-blocked
+# interleaves those into T (kernels/interleave_cols.glsl.j2; not always: column_only). Such a layer's forward is never sample-blocked
 # (its backward still is): on SwiftShader the 4 positions, neighbours in the texture, beat 8 samples, rows
 # far apart (EfficientNet-Lite0's features of 8 images: 18.6 s of synced draws sample-blocked, 10.2 s
 # column-blocked; predict of 1 image 1826 -> 523 ms). Below this size (the small CNNs) the extra pass costs
@@ -268,6 +268,34 @@ def column_blocked(layer, graph: Graph) -> bool:
     if g != 1 and not g == ic == oc:
         return False
     return graph.shapes[layer.outputs[0]][2] >= COLUMN_BLOCK and graph.macs(layer) >= COLUMN_BLOCK_MIN_MACS
+
+
+# A column-blocked conv's output that only column-blocked convs read, each a 1x1 of stride 1 without padding
+# (groups 1) or a depthwise one, is kept as its 4 parts alone: there is no interleave pass and no texture of the
+# usual layout. Those convs read the parts themselves (conv_forward.glsl.j2: colin), position p of a row at
+# texel column p / 4 of part p % 4, which for their 4 positions a fragment is fixed at build time. That holds
+# where nothing else reads the tensor: not the backward (it needs no gradient and its readers train no weight,
+# which would read its samples-last copy), not the page (the model's output, the frozen trunk's cut). In
+# EfficientNet-Lite0's trunk that drops 39 of the 49 interleaves (the others feed an add or the pooling).
+def column_only(tensor: str, graph: Graph, needs: set[str]) -> bool:
+    producer = next((layer for layer in graph.layers if tensor in layer.outputs), None)
+    if producer is None or not column_blocked(producer, graph) or tensor in needs:
+        return False
+    if tensor in (graph.output, graph.loss_input(), graph.trunk()):
+        return False
+    readers = graph.consumers(tensor)
+    return bool(readers) and all(reads_columns(layer, graph) and not graph.trains(layer) for layer in readers)
+
+
+def reads_columns(layer, graph: Graph) -> bool:
+    """Whether a column-blocked conv can read its input as the 4 parts (column_only)."""
+    if not column_blocked(layer, graph):
+        return False
+    a, ic = layer.attrs, graph.shapes[layer.inputs[0]][0]
+    if a["groups"] == ic == graph.shapes[layer.outputs[0]][0]:  # depthwise: any kernel, stride, padding
+        return True
+    return a["groups"] == 1 and tuple(a["kernel"]) == (1, 1) and tuple(a["strides"]) == (1, 1) and \
+        not any(a["pads"]) and tuple(a["dilations"]) == (1, 1)
 
 
 def weight_grad_blocked(layer, graph: Graph, max_batch: int) -> bool:
@@ -361,6 +389,11 @@ class LayoutPlan:
         """The activation texture holding tensor `name`."""
         return "act:" + self.act_alias.get(name, name)
 
+    def columns_only(self, name: str) -> bool:
+        """Whether tensor `name` is kept as the 4 parts col0..3 of its column-blocked conv alone (column_only)."""
+        t = self.tensor(name)
+        return t not in self.textures and "col0:" + t in self.textures
+
     def grad(self, name: str) -> str:
         """The texture holding the gradient of tensor `name` (after any sum)."""
         return self.grad_alias.get(name, "grad:" + name)
@@ -417,7 +450,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         if flattens_in_place(layer, graph):  # same texels: share the texture
             act_alias[out] = act_alias.get(layer.inputs[0], layer.inputs[0])
             continue
-        per_sample("act:" + out, "activation", out)
+        if not column_only(out, graph, needs):  # (else its 4 parts below alone)
+            per_sample("act:" + out, "activation", out)
         if layer.op == "maxpool":  # where each maximum came from, for the backward
             per_sample("argmax:" + out, "argmax", out)
         if layer.op == "reduce" and layer.attrs["kind"] == "max":  # how many inputs equal each max

@@ -150,6 +150,30 @@ class ResidualCNN(nn.Module):
         return self.head(F.adaptive_avg_pool2d(y, 1).flatten(1))
 
 
+class ColumnChain(nn.Module):
+    """Convs past layout.COLUMN_BLOCK_MIN_MACS reading one another, as in an inverted-residual trunk: a padded
+    3x3 stem, a 1x1, a padded 5x5 depthwise, a strided one, a 1x1 read by a 1x1 and an add, on 23 columns (a
+    partial last block of 4) then 12. Frozen (`fc.*` trains), the outputs of the first four convs are kept as
+    column parts alone (layout.column_only); the last two feed the add and keep their interleaves."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.expand = nn.Conv2d(32, 96, 1)
+        self.dw = nn.Conv2d(96, 96, 5, padding=2, groups=96)
+        self.down = nn.Conv2d(96, 96, 5, stride=2, padding=2, groups=96)
+        self.project = nn.Conv2d(96, 48, 1)
+        self.mix = nn.Conv2d(48, 48, 1)
+        self.fc = nn.Linear(48, 5)
+
+    def forward(self, x):
+        x = F.relu6(self.stem(x))
+        x = torch.tanh(self.dw(self.expand(x)))
+        y = self.project(F.relu(self.down(x)))
+        y = y + self.mix(y)
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
 class BatchNormNet(nn.Module):
     def __init__(self):
         super().__init__()

@@ -14,8 +14,8 @@ import zlib
 import pytest
 import torch
 
-from helpers import FWD, assert_close, build_module, check_op, run_model
-from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, BatchNormNet
+from helpers import FWD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_op, check_training, run_model
+from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, BatchNormNet, ColumnChain
 from texelfit.build import compile_onnx
 from texelfit.prep.load import export_simplified
 
@@ -40,6 +40,60 @@ def test_conv_column_blocked_case_is_blocked():
     parts = [t for t in result.report["textures"] if t["name"].startswith("col0:")]
     assert len(parts) == 4, [t["name"] for t in parts]  # every conv's one-sample forward: 4 positions a fragment
     assert sorted(t["texture"][0] for t in parts) == [3 * 6, 5 * 8, 5 * 12, 5 * 12]  # ceil(w / 4) * ceil(c / 4)
+
+
+COLUMN_TRUNK = ("stem.*", "expand.*", "dw.*", "down.*", "project.*", "mix.*")
+CHAIN = (3, 23, 23)
+
+
+def chain_draws(web, url, options) -> int:
+    return run_model(web, url, """
+        const gl = WebGL2RenderingContext.prototype, draw = gl.drawArrays;
+        let n = 0;
+        gl.drawArrays = function (...a) { n++; return draw.apply(this, a); };
+        await m.predict(new Float32Array(3 * 3 * 23 * 23), 3);
+        gl.drawArrays = draw;
+        return n;
+    """, None, options)
+
+
+def test_frozen_convs_keep_column_parts_for_the_convs_that_read_them():
+    """layout.column_only: frozen, the stem, expand, dw and down outputs are their 4 parts alone (no act:
+    texture); trainable, every conv output has its usual texture (the backward reads it)."""
+    m = ColumnChain().eval()
+    onnx_model = export_simplified(m, CHAIN)
+
+    def textures(trainable):
+        r = compile_onnx(onnx_model, name="m", input_shape=CHAIN, max_batch=8, trainable=trainable)
+        return [t["name"] for t in r.report["textures"]], r.files["m.js"]
+    frozen, js = textures("fc.*")
+    trainable, _ = textures("*")
+    assert sum(n.startswith("col0:") for n in frozen) == sum(n.startswith("col0:") for n in trainable) == 6
+    gone = {n[len("col0:"):] for n in trainable if n.startswith("col0:")} - set(frozen)
+    assert len(gone) == 4, gone  # the project and mix outputs feed the add: interleaved
+    assert js.count("// texelfit kernel: conv_forward") and "k1x1 s1x1 g1 columns, read as columns" in js
+    assert "k5x5 s2x2 g96 tanh columns, read as columns" not in js  # (down has a relu; dw the tanh)
+    assert "k5x5 s2x2 g96 relu columns, read as columns" in js and "k5x5 s1x1 g96 tanh columns, read as columns" in js
+
+
+@pytest.mark.parametrize("backend", ["webgl", "cpu", "rgba8"])
+def test_convs_reading_column_parts_match_pytorch(web, site, backend):
+    """The frozen chain's predict (convs reading their input's column parts: 1x1 and depthwise, stride 1 and
+    2, padded, a partial last block) equals PyTorch's, with 4 draws fewer than the trainable build (the
+    interleaves); its head trains on it as in PyTorch."""
+    options = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"}}[backend]
+    torch.manual_seed(11)
+    m = ColumnChain().eval()
+    x = torch.randn(3, *CHAIN)
+    url = build_module(site, "column_chain", m, CHAIN, max_batch=8, trainable="fc.*")
+    got = run_model(web, url, "return Array.from(await m.predict(new Float32Array(args), 3));", x.reshape(-1).tolist(),
+                    options)
+    assert_close(f"column chain forward ({backend})", got, m(x).detach().numpy(), **FWD)
+    if backend == "webgl":
+        every = build_module(site, "column_chain_all", m, CHAIN, max_batch=8)
+        assert chain_draws(web, url, None) == chain_draws(web, every, None) - 4
+    check_training(web, site, ColumnChain, CHAIN, "adam", "cross_entropy", samples=6, batch_size=3, epochs=2,
+                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=12, options=options, max_batch=8, frozen=COLUMN_TRUNK)
 
 
 def test_batchnorm_is_folded_into_the_conv(web, site):

@@ -52,7 +52,7 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
 
     def kernel(what, inputs, uniforms=(), outputs=1, **more):
         blocked = " blocked" if more.get("blocked") else " split" if more.get("split") else \
-            " columns" if more.get("colblock") else ""
+            (" columns, read as columns" if more.get("colin") else " columns") if more.get("colblock") else ""
         if what in generic:
             return Kernel(f"{family}_{what}{blocked}", f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
                           consts=more)
@@ -94,14 +94,21 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
                  one.outputs, "batch", layer.name, blocked=one.blocked)]
     if "col0:" + plan.tensor(y) in plan.textures:
         # column-blocked (layout.column_blocked): the forward, at every batch, computes 4 positions a fragment into
-        # col0..3:Y, and a pass interleaves them into Y
+        # col0..3:Y, and a pass interleaves them into Y, unless only such convs read Y (layout.column_only); one
+        # whose X is kept that way reads its parts X0..3
         one, parts = forward[0], [f"col{t}:{plan.tensor(y)}" for t in range(COLUMN_BLOCK)]
-        interleave = Kernel("interleave_cols", "interleave_cols.glsl.j2", tuple(f"T{t}" for t in range(COLUMN_BLOCK)),
-                            uniforms=("u_c4",), consts={"block": COLUMN_BLOCK})
-        forward[:1] = [
-            Pass(kernel("forward", one.kernel.inputs, (), COLUMN_BLOCK, blocked=False, colblock=COLUMN_BLOCK),
-                 one.inputs, parts, "batch", layer.name, blocked=one.blocked),
-            Pass(interleave, parts, one.outputs, "batch", layer.name, {"u_c4": c["oc4"]}, blocked=one.blocked)]
+        names, inputs, colin = one.kernel.inputs, one.inputs, plan.columns_only(x)
+        if colin:
+            names = tuple(f"X{t}" for t in range(COLUMN_BLOCK)) + names[1:]
+            inputs = [f"col{t}:{plan.tensor(x)}" for t in range(COLUMN_BLOCK)] + inputs[1:]
+        forward[:1] = [Pass(kernel("forward", names, (), COLUMN_BLOCK, blocked=False, colblock=COLUMN_BLOCK, colin=colin),
+                            inputs, parts, "batch", layer.name, blocked=one.blocked)]
+        if not plan.columns_only(y):
+            interleave = Kernel("interleave_cols", "interleave_cols.glsl.j2",
+                                tuple(f"T{t}" for t in range(COLUMN_BLOCK)), uniforms=("u_c4",),
+                                consts={"block": COLUMN_BLOCK})
+            forward.insert(1, Pass(interleave, parts, one.outputs, "batch", layer.name, {"u_c4": c["oc4"]},
+                                   blocked=one.blocked))
     backward = []
     if y not in plan.needs_grad:  # below the lowest trainable layer: the backward stops before this one
         return forward, backward

@@ -15,6 +15,9 @@ grad_input, conv_* blocked (8 samples a fragment, rows: blocks, into blk0..7:T) 
 (-> T), and of its weight gradient (8 rows a fragment + interleave -> dW); they run from 8 samples
 on (Pass.blocked). In a training step the pass writing dW or db is left out: the optimizer pass
 includes its kernel (ops/optim.py).
+A column-blocked layer (layout.py: column_blocked) has the forward conv_forward columns (4 positions
+a fragment, into col0..3:Y) + interleave_cols (-> Y), at every batch; where only such convs read Y
+(layout.py: column_only) there is no interleave, and they read the parts X0..3 themselves.
 """
 from __future__ import annotations
 
