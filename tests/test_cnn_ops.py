@@ -71,9 +71,13 @@ def test_frozen_convs_keep_column_parts_for_the_convs_that_read_them():
     assert sum(n.startswith("col0:") for n in frozen) == sum(n.startswith("col0:") for n in trainable) == 6
     gone = {n[len("col0:"):] for n in trainable if n.startswith("col0:")} - set(frozen)
     assert len(gone) == 4, gone  # the project and mix outputs feed the add: interleaved
-    assert js.count("// texelfit kernel: conv_forward") and "k1x1 s1x1 g1 columns, read as columns" in js
-    assert "k5x5 s2x2 g96 tanh columns, read as columns" not in js  # (down has a relu; dw the tanh)
-    assert "k5x5 s2x2 g96 relu columns, read as columns" in js and "k5x5 s1x1 g96 tanh columns, read as columns" in js
+    # the readers of those: expand and project (1x1), dw and down (depthwise, stride 1 and 2)
+    for kernel in ("32x23x23->96x23x23 k1x1 s1x1 g1 columns, read as columns",
+                   "96x23x23->96x23x23 k5x5 s1x1 g96 tanh columns, read as columns",
+                   "96x23x23->96x12x12 k5x5 s2x2 g96 relu columns, read as columns",
+                   "96x12x12->48x12x12 k1x1 s1x1 g1 columns, read as columns"):
+        assert f"// texelfit kernel: conv_forward {kernel} (generated" in js, kernel
+    assert "48x12x12->48x12x12 k1x1 s1x1 g1 columns, read as columns" not in js  # project's output feeds the add
 
 
 @pytest.mark.parametrize("backend", ["webgl", "cpu", "rgba8"])
