@@ -255,7 +255,10 @@ def run_page(browser, url, fw, part, args, bench="effnet", arguments=None):
 
 
 def browser_round(url, args, r, all_pages=PAGES, run=None):
-    """One fresh browser running every (framework, part) page of `all_pages` through `run` (run_page)."""
+    """Every (framework, part) page of `all_pages` through `run` (run_page), each in a fresh browser: the pages of
+    one browser share its GPU process (SwiftShader's state and heap), and a page that ran after another there was
+    slower than one that ran first (texelfit's Lite0 `predict` 475-488 ms after the TF.js page, 328-330 ms first,
+    in two runs of 2026-12-01)."""
     from playwright.sync_api import sync_playwright
     run = run or run_page
     pages = [p for p in all_pages if p[0] in args.frameworks]
@@ -264,17 +267,17 @@ def browser_round(url, args, r, all_pages=PAGES, run=None):
     out = []
     with sync_playwright() as p:
         flags = common.CHROMIUM_ARGS + ["--enable-unsafe-webgpu"]
-        browser = p.chromium.launch(executable_path=common.CHROMIUM, headless=True, args=flags)
-        version = browser.version
         for fw, part in pages:
+            browser = p.chromium.launch(executable_path=common.CHROMIUM, headless=True, args=flags)
+            version = browser.version
             t0 = time.perf_counter()
             res = run(browser, url, fw, part, args)
             res.update(framework=fw, part=part, round=r + 1, pageWallS=time.perf_counter() - t0)
+            browser.close()
             out.append(res)
             rows = ", ".join(f"{k2} {v['ms']:.0f} ms" for k2, v in res.get("rows", {}).items() if "ms" in v)
             print(f"  round {r + 1} {fw:10s} {part:5s} {res.get('error') or rows} "
                   f"(others {res.get('foreignCores') or 0:.2f} cores, {res['pageWallS']:.0f} s)", flush=True)
-        browser.close()
     return out, version
 
 
@@ -387,7 +390,7 @@ def markdown(result, title="EfficientNet-Lite0 benchmark", rows=ROWS, labels=ROW
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=1, help="fresh browsers, each running every page")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of every page, each page in a fresh browser")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats of each row (median)")
     ap.add_argument("--slow-s", type=float, default=20.0,
