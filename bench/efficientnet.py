@@ -255,10 +255,11 @@ def run_page(browser, url, fw, part, args, bench="effnet", arguments=None):
 
 
 def browser_round(url, args, r, all_pages=PAGES, run=None):
-    """Every (framework, part) page of `all_pages` through `run` (run_page), each in a fresh browser: the pages of
-    one browser share its GPU process (SwiftShader's state and heap), and a page that ran after another there was
-    slower than one that ran first (texelfit's Lite0 `predict` 475-488 ms after the TF.js page, 328-330 ms first,
-    in two runs of 2026-12-01)."""
+    """Every (framework, part) page of `all_pages` through `run` (run_page), each in a fresh browser, so that no page
+    runs in a GPU process (SwiftShader's threads and heap) that another page has used. (In the shared-browser runs
+    of 2026-12-01 texelfit's Lite0 page took 466-488 ms a `predict` after the TF.js page and 328-330 ms first; in
+    fresh browsers it took 414 and 464: the machine's own noise is as large, so that the order mattered is not
+    shown, only that this way it cannot.)"""
     from playwright.sync_api import sync_playwright
     run = run or run_page
     pages = [p for p in all_pages if p[0] in args.frameworks]
