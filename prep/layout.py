@@ -276,7 +276,7 @@ def column_blocked(layer, graph: Graph) -> bool:
 # texel column p / 4 of part p % 4, which for their 4 positions a fragment is fixed at build time. That holds
 # where nothing else reads the tensor: not the backward (it needs no gradient and its readers train no weight,
 # which would read its samples-last copy), not the page (the model's output, the frozen trunk's cut). In
-# EfficientNet-Lite0's trunk that drops 39 of the 49 interleaves (the others feed an add or the pooling).
+# EfficientNet-Lite0's frozen trunk that drops 34 of the 49 interleaves (the 15 others feed an add or the pooling).
 def column_only(tensor: str, graph: Graph, needs: set[str]) -> bool:
     producer = next((layer for layer in graph.layers if tensor in layer.outputs), None)
     if producer is None or not column_blocked(producer, graph) or tensor in needs:
