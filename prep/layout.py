@@ -252,8 +252,8 @@ SPLIT_MAX_PARTS = 16
 # of 5 for 16), and a depthwise conv fetches each input texel of the 4 outputs' windows once (3x3, stride 1:
 # 18 + 9 fetches for 4 outputs instead of 72). It writes 4 textures (col0:T .. col3:T, position 4*b + t in
 # texel column b of col{t}; WebGL2 promises 4 render targets, so no device needs a twin) and a second pass
-# interleaves those into T (kernels/interleave_cols.glsl.j2; not always: column_only). Such a layer's forward is never sample-blocked
-# (its backward still is): on SwiftShader the 4 positions, neighbours in the texture, beat 8 samples, rows
+# interleaves those into T (kernels/interleave_cols.glsl.j2; not always: column_only). Such a layer's
+# forward is never sample-blocked (its backward still is): on SwiftShader the 4 positions, neighbours in the texture, beat 8 samples, rows
 # far apart (EfficientNet-Lite0's features of 8 images: 18.6 s of synced draws sample-blocked, 10.2 s
 # column-blocked; predict of 1 image 1826 -> 523 ms). Below this size (the small CNNs) the extra pass costs
 # more than it saves.
