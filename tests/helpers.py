@@ -83,6 +83,20 @@ def run_model(page, url, body: str, args=None, options=None):
     return page.evaluate(_RUN % body, [url, options or {}, args])
 
 
+def predict_draws(web, url, batches, options=None) -> dict[str, int]:
+    """The draws of one predict at each batch size, keyed by it."""
+    return run_model(web, url, """
+        const gl = WebGL2RenderingContext.prototype, draw = gl.drawArrays;
+        let n = 0;
+        gl.drawArrays = function (...a) { n++; return draw.apply(this, a); };
+        const size = m.info.inputShape.reduce((a, b) => a * b, 1);
+        const out = {};
+        for (const b of args.batches) { n = 0; await m.predict(new Float32Array(b * size), b); out[b] = n; }
+        gl.drawArrays = draw;
+        return out;
+    """, {"batches": batches}, options)
+
+
 # ---- training trajectories ----------------------------------------------------------------------
 
 ONE_STEP = dict(atol=1e-6, rtol=1e-5)

@@ -14,7 +14,8 @@ import zlib
 import pytest
 import torch
 
-from helpers import FWD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_op, check_training, run_model
+from helpers import (FWD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_op, check_training, predict_draws,
+                     run_model)
 from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, BatchNormNet, ColumnChain
 from texelfit.build import compile_onnx
 from texelfit.prep.load import export_simplified
@@ -44,17 +45,6 @@ def test_conv_column_blocked_case_is_blocked():
 
 COLUMN_TRUNK = ("stem.*", "expand.*", "dw.*", "down.*", "project.*", "mix.*")
 CHAIN = (3, 23, 23)
-
-
-def chain_draws(web, url, options) -> int:
-    return run_model(web, url, """
-        const gl = WebGL2RenderingContext.prototype, draw = gl.drawArrays;
-        let n = 0;
-        gl.drawArrays = function (...a) { n++; return draw.apply(this, a); };
-        await m.predict(new Float32Array(3 * 3 * 23 * 23), 3);
-        gl.drawArrays = draw;
-        return n;
-    """, None, options)
 
 
 def test_frozen_convs_keep_column_parts_for_the_convs_that_read_them():
@@ -95,7 +85,7 @@ def test_convs_reading_column_parts_match_pytorch(web, site, backend):
     assert_close(f"column chain forward ({backend})", got, m(x).detach().numpy(), **FWD)
     if backend == "webgl":
         every = build_module(site, "column_chain_all", m, CHAIN, max_batch=8)
-        assert chain_draws(web, url, None) == chain_draws(web, every, None) - 4
+        assert predict_draws(web, url, [3])["3"] == predict_draws(web, every, [3])["3"] - 4
     check_training(web, site, ColumnChain, CHAIN, "adam", "cross_entropy", samples=6, batch_size=3, epochs=2,
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=12, options=options, max_batch=8, frozen=COLUMN_TRUNK)
 

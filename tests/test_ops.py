@@ -13,7 +13,7 @@ import zlib
 
 import pytest
 
-from helpers import build_module, check_op, run_model
+from helpers import build_module, check_op, predict_draws, run_model
 from models import BLOCKED_CASES, CNN_CASES, OP_CASES
 from texelfit.build import compile_onnx
 from texelfit.prep.load import export_simplified
@@ -31,20 +31,6 @@ def test_forward_and_gradients_cross_entropy(web, site, case):
 def test_forward_and_gradients_mse(web, site, case):
     factory, shape = OP_CASES[case]
     check_op(web, site, case, factory, shape, "mse", batch=BATCH, seed=zlib.crc32(case.encode()) % 1000)
-
-
-def predict_draws(web, url, batches, options=None) -> dict[str, int]:
-    """The draws of one predict at each batch size, keyed by it."""
-    return run_model(web, url, """
-        const gl = WebGL2RenderingContext.prototype, draw = gl.drawArrays;
-        let n = 0;
-        gl.drawArrays = function (...a) { n++; return draw.apply(this, a); };
-        const size = m.info.inputShape.reduce((a, b) => a * b, 1);
-        const out = {};
-        for (const b of args.batches) { n = 0; await m.predict(new Float32Array(b * size), b); out[b] = n; }
-        gl.drawArrays = draw;
-        return out;
-    """, {"batches": batches}, options)
 
 
 @pytest.mark.parametrize("case", BLOCKED_CASES)
