@@ -14,8 +14,8 @@ reads and writes one storage (a feedback loop in WebGL2).
 
 What outlives a run, or is written from the page, keeps its own storage: weights and optimizer
 state (double-buffered), parameter gradients (read back by gradients()), the input, labels and
-targets (uploaded), the loss ring (read every few steps), and any texture whose first use in the
-sequence is a read.
+targets (uploaded), the loss ring (read every few steps) and the softmax statistics beside it (a
+texel a sample: float32 in every tier), and any texture whose first use in the sequence is a read.
 
 The render targets of one pass (the sample-blocked parts blk0..7:T, a max-pool's output and
 arg-max) must be of one size in WebGL2: they are one unit, which takes a slot of as many storages,

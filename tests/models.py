@@ -35,6 +35,11 @@ def mlp_45_31_7():
     return nn.Sequential(nn.Linear(45, 31), nn.ReLU(), nn.Linear(31, 7))
 
 
+def mlp_45_31_100():
+    """100 classes: cross_entropy's softmax statistics get a pass of their own (layout.CE_STATS_MIN_C4)."""
+    return nn.Sequential(nn.Linear(45, 31), nn.ReLU(), nn.Linear(31, 100))
+
+
 def mlp_48_31_7():
     """An input whose texels hold its 48 floats as they are (model.js: isPlainPacking)."""
     return nn.Sequential(nn.Linear(48, 31), nn.ReLU(), nn.Linear(31, 7))

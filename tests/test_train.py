@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from helpers import ONE_STEP, OPTIMIZERS, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_training, run_model, \
     torch_state
-from models import mlp_45_31_7, mlp_48_31_7, sample_blocked_mlp
+from models import mlp_45_31_7, mlp_45_31_100, mlp_48_31_7, sample_blocked_mlp
 
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_one_step(web, site, opt_name):
@@ -36,6 +36,38 @@ def test_long_trajectory_reads_losses_across_the_ring(web, site):
     # 150 steps: more than two loss-ring readbacks (64 steps each) plus a partial one
     check_training(web, site, mlp_45_31_7, (45,), "adam", "cross_entropy", samples=50, batch_size=1, epochs=3,
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
+
+
+def test_softmax_statistics_pass_from_many_classes():
+    """From layout.CE_STATS_MIN_C4 texels of classes a sample on, cross_entropy's schedule starts with
+    cross_entropy_stats (the softmax's max and sum a sample, into ce_stats), and its gradient and value
+    passes read them; below, there is no such pass nor texture (the bundle is as it was)."""
+    import json
+    import re
+
+    from helpers import compile_onnx, export_simplified
+
+    def loss_kernels(factory):
+        js = compile_onnx(export_simplified(factory(), (45,)), name="m", input_shape=(45,), max_batch=16).files["m.js"]
+        kernels = json.loads(re.search(r"^const KERNELS = (.*);$", js, re.M).group(1))
+        textures = [t["name"] for t in json.loads(re.search(r"^const TEXTURES = (.*);$", js, re.M).group(1))]
+        ce = json.loads(re.search(r"^const SCHEDULE = (.*);$", js, re.M).group(1))["loss"]["cross_entropy"]
+        return [(kernels[p["kernel"]]["name"], [textures[i] for i in p["inputs"]], [textures[i] for i in p["outputs"]])
+                for p in ce], textures
+
+    few, few_textures = loss_kernels(mlp_45_31_7)
+    assert [k for k, _, _ in few] == ["cross_entropy_grad", "cross_entropy_value"] and "ce_stats" not in few_textures
+    many, _ = loss_kernels(mlp_45_31_100)
+    assert [k for k, _, _ in many] == ["cross_entropy_stats", "cross_entropy_grad", "cross_entropy_value"]
+    assert many[0][2] == ["ce_stats"] and all("ce_stats" in inputs for _, inputs, _ in many[1:])
+
+
+@pytest.mark.parametrize("options", [None, {"backend": "cpu"}, {"precision": "rgba8"}], ids=["webgl2", "cpu", "rgba8"])
+def test_trajectory_of_a_classifier_with_softmax_statistics(web, site, options):
+    """100 classes (25 texels a sample): the loss gradient and value read the softmax's max and sum from
+    the cross_entropy_stats pass. 40 samples in batches of 16 (the last one partial), Adam, 3 epochs."""
+    check_training(web, site, mlp_45_31_100, (45,), "adam", "cross_entropy", samples=40, batch_size=16, epochs=3,
+                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=options)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
