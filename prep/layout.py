@@ -270,10 +270,10 @@ SPLIT_MAX_PARTS = 16
 # 18 + 9 fetches for 4 outputs instead of 72). It writes 4 textures (col0:T .. col3:T, position 4*b + t in
 # texel column b of col{t}; WebGL2 promises 4 render targets, so no device needs a twin) and a second pass
 # interleaves those into T (kernels/interleave_cols.glsl.j2; not always: column_only). Such a layer's
-# forward is never sample-blocked (its backward still is): on SwiftShader the 4 positions, neighbours in the texture, beat 8 samples, rows
-# far apart (EfficientNet-Lite0's features of 8 images: 18.6 s of synced draws sample-blocked, 10.2 s
-# column-blocked; predict of 1 image 1826 -> 523 ms). Below this size (the small CNNs) the extra pass costs
-# more than it saves.
+# forward is never sample-blocked (its backward still is): on SwiftShader the 4 positions, neighbours in the
+# texture, beat 8 samples, rows far apart (EfficientNet-Lite0's features of 8 images: 18.6 s of synced draws
+# sample-blocked, 10.2 s column-blocked; predict of 1 image 1826 -> 523 ms). Below this size (the small CNNs)
+# the extra pass costs more than it saves.
 COLUMN_BLOCK = 4
 COLUMN_BLOCK_MIN_MACS = 1 << 18
 
