@@ -33,6 +33,7 @@ UNIFORM_TYPES = {
     "u_dropseed": "int",       # the step's dropout seed (prep/dropout.py)
     "u_rows": "int",           # set by the pass (Pass.values): rows a sample of a blocked output (interleave)
     "u_c4": "int",             # set by the pass: texels a position of a column-blocked output (interleave_cols)
+    "u_qb": "int",             # set by the pass: position blocks of a column-blocked output's row (interleave_cols)
 }
 
 
@@ -66,6 +67,10 @@ class Pass:
     # one, runs at batches of layout.BLOCK_MIN_BATCH or more on a device drawing layout.SAMPLE_BLOCK
     # targets at once; False, the one-sample one, runs otherwise; None: the pass always runs
     blocked: bool | None = None
+    # which draw of a column-blocked conv forward it is (ops/common.py; layout.column_blocked): True, the
+    # one into all layout.COLUMN_PARTS parts, runs on a device drawing that many targets at once; False,
+    # a draw of a half, runs otherwise; None: the pass always runs
+    wide: bool | None = None
 
 
 @functools.lru_cache(maxsize=1)

@@ -17,8 +17,8 @@ state (double-buffered), parameter gradients (read back by gradients()), the inp
 targets (uploaded), the loss ring (read every few steps) and the softmax statistics beside it (a
 texel a sample: float32 in every tier), and any texture whose first use in the sequence is a read.
 
-The render targets of one pass (the sample-blocked parts blk0..7:T, a max-pool's output and
-arg-max) must be of one size in WebGL2: they are one unit, which takes a slot of as many storages,
+The render targets of one pass (the sample-blocked parts blk0..7:T, the column-blocked parts
+col0..7:T, a max-pool's output and arg-max) must be of one size in WebGL2: they are one unit, which takes a slot of as many storages,
 all of one size, from units of as many textures before it.
 
 Storage is allocated greedily in the order of first use: a texture takes the free storage that
@@ -66,7 +66,7 @@ def plan_storage(plan: LayoutPlan, schedule: Schedule) -> dict[str, int]:
     read_first: set[str] = set()
     units: dict[str, tuple[str, ...]] = {}  # texture -> the render targets it is drawn with
     for i, p in enumerate(sequence(schedule)):
-        if len(p.outputs) > 1:
+        if len(p.outputs) > 1 and p.wide is not False:  # (a draw of a half: its parts are the wide draw's unit)
             for name in p.outputs:
                 units[name] = tuple(p.outputs)
         for name in p.inputs:

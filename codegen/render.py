@@ -14,7 +14,7 @@ import numpy as np
 
 from texelfit.prep.ir import Graph
 from texelfit.prep.shape import Constant
-from texelfit.prep.layout import BLOCK_MIN_BATCH, LOSS_RING, SAMPLE_BLOCK, LayoutPlan
+from texelfit.prep.layout import BLOCK_MIN_BATCH, COLUMN_PARTS, LOSS_RING, SAMPLE_BLOCK, LayoutPlan
 from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
@@ -85,6 +85,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
                  "sampleRows": t.sample_rows, "double": t.double, "role": t.role, "storage": storage.get(t.name, -1)}
                 for t in plan.textures.values()]
     out_spec = plan.textures[plan.tensor(graph.output)]
+    # a column-blocked conv forward's draws (Pass.wide): the runtime's choice between them is rendered only then
+    wide = any(p.wide is not None for p in schedule.forward)
     model = {
         "name": name,
         "version": VERSION,
@@ -101,6 +103,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "sampleBlock": SAMPLE_BLOCK,
         "blockMinBatch": BLOCK_MIN_BATCH,
         "lossRing": LOSS_RING,
+        # column-blocked forwards (layout.column_blocked): the targets their draw into all the parts needs
+        **({"columnParts": COLUMN_PARTS} if wide else {}),
         "textures": {
             "input": plan.tensor(graph.input),
             "output": out_spec.name,
@@ -132,6 +136,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "elementwise": elementwise,
         # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
         "cpu_kernels": sorted({k["template"] for k in kernels}),
+        "wide_passes": wide,
         "glsl_common_json": _js_json(render_common()),
         "schedule_json": _js_json(sched),
         "model_version": VERSION,

@@ -138,7 +138,8 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
         return [{"kernel": kernel_ref(p.kernel), "inputs": [tex[n] for n in p.inputs],
                  "outputs": [tex[n] for n in p.outputs], "rows": p.rows,
                  "label": p.label, **({"values": p.values} if p.values else {}),
-                 **({"blocked": p.blocked} if p.blocked is not None else {})} for p in ps]
+                 **({"blocked": p.blocked} if p.blocked is not None else {}),
+                 **({"wide": p.wide} if p.wide is not None else {})} for p in ps]
 
     data = {
         "forward": passes(schedule.forward),

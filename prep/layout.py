@@ -35,8 +35,12 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
                                                                              SAMPLE_BLOCK_MIN_MACS)
   split-K partials (split:Y)    n * S + s       1               o            (a dense output's partial sums
                                                                              over input slice s, see split_k)
-  column-blocked part (col{t}:T) n * H + h       w // 4          c            (the positions w = 4*b + t of a conv
-                                                                             output T, see column_blocked)
+  column-blocked part (col{k}:T) n * H + h       (see below)     c / 2        (the positions w = 4*b + t of a conv
+                                                                             output T, half g of its channel
+                                                                             texels, k = 4*g + t: texel column
+                                                                             i*B + b holds channel texel g*C4h + i,
+                                                                             B = ceil(W/4), C4h = ceil(C4/2); see
+                                                                             column_blocked)
 
 A weight's texel packs the axis that is wide in practice: a dense layer's inputs (its outputs
 may be 10 classes or 1 value) and a conv's output channels (its inputs are often 1 or 3, grey or
@@ -267,14 +271,22 @@ SPLIT_MAX_PARTS = 16
 # COLUMN_BLOCK (4) neighbouring output positions ow = 4*b + t of a row a fragment in its forward, at every
 # batch: each weight texel fetched then serves 4 positions (a 1x1 conv: 8 fetches for 64 multiply-adds instead
 # of 5 for 16), and a depthwise conv fetches each input texel of the 4 outputs' windows once (3x3, stride 1:
-# 18 + 9 fetches for 4 outputs instead of 72). It writes 4 textures (col0:T .. col3:T, position 4*b + t in
-# texel column b of col{t}; WebGL2 promises 4 render targets, so no device needs a twin) and a second pass
-# interleaves those into T (kernels/interleave_cols.glsl.j2; not always: column_only). Such a layer's
+# 18 + 9 fetches for 4 outputs instead of 72). And 2 channel texels a fragment, i and C4h + i of the two
+# halves (COLUMN_HALVES): each input texel fetched then serves both (a 1x1: 12 fetches for 128 multiply-adds),
+# into 8 textures, col{4g + t}:T holding position 4*b + t of half g, its channel texel i at column i*B + b
+# (B = ceil(W/4) blocks: the 4 fragments of a 2x2 quad read one weight texel). Where the device draws fewer
+# than 8 targets at once, two draws of 4, a half each (Pass.wide; WebGL2 promises 4). A second pass
+# interleaves the parts into T (kernels/interleave_cols.glsl.j2; not always: column_only). Such a layer's
 # forward is never sample-blocked (its backward still is): on SwiftShader the 4 positions, neighbours in the
 # texture, beat 8 samples, rows far apart (EfficientNet-Lite0's features of 8 images: 18.6 s of synced draws
 # sample-blocked, 10.2 s column-blocked; predict of 1 image 1826 -> 523 ms). Below this size (the small CNNs)
 # the extra pass costs more than it saves.
+# (On SwiftShader, 1x1 convs of EfficientNet-Lite0's shapes in a microbenchmark: 2 halves with that
+# order took 0.70-0.80x the time of 1 texel a fragment; 2 halves with the blocks last 0.77-1.05x, 8
+# positions a fragment 1.0-1.5x.)
 COLUMN_BLOCK = 4
+COLUMN_HALVES = 2
+COLUMN_PARTS = COLUMN_BLOCK * COLUMN_HALVES
 COLUMN_BLOCK_MIN_MACS = 1 << 18
 
 
@@ -288,9 +300,9 @@ def column_blocked(layer, graph: Graph) -> bool:
 
 
 # A column-blocked conv's output that only column-blocked convs read, each a 1x1 of stride 1 without padding
-# (groups 1) or a depthwise one, is kept as its 4 parts alone: there is no interleave pass and no texture of the
-# usual layout. Those convs read the parts themselves (conv_forward.glsl.j2: colin), position p of a row at
-# texel column p / 4 of part p % 4, which for their 4 positions a fragment is fixed at build time. That holds
+# (groups 1) or a depthwise one, is kept as its 8 parts alone: there is no interleave pass and no texture of the
+# usual layout. Those convs read the parts themselves (conv_forward.glsl.j2: colin), position p of a row in
+# block p / 4 of parts p % 4 and 4 + p % 4, which for their 4 positions a fragment is fixed at build time. That holds
 # where nothing else reads the tensor: not the backward (it needs no gradient and its readers train no weight,
 # which would read its samples-last copy), not the page (the model's output, the frozen trunk's cut). In
 # EfficientNet-Lite0's frozen trunk that drops 34 of the 49 interleaves (the 15 others feed an add or the pooling).
@@ -305,7 +317,7 @@ def column_only(tensor: str, graph: Graph, needs: set[str]) -> bool:
 
 
 def reads_columns(layer, graph: Graph) -> bool:
-    """Whether a column-blocked conv can read its input as the 4 parts (column_only)."""
+    """Whether a column-blocked conv can read its input as the 8 parts (column_only)."""
     if not column_blocked(layer, graph):
         return False
     a, ic = layer.attrs, graph.shapes[layer.inputs[0]][0]
@@ -407,7 +419,7 @@ class LayoutPlan:
         return "act:" + self.act_alias.get(name, name)
 
     def columns_only(self, name: str) -> bool:
-        """Whether tensor `name` is kept as the 4 parts col0..3 of its column-blocked conv alone (column_only)."""
+        """Whether tensor `name` is kept as the 8 parts col0..7 of its column-blocked conv alone (column_only)."""
         t = self.tensor(name)
         return t not in self.textures and "col0:" + t in self.textures
 
@@ -467,7 +479,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         if flattens_in_place(layer, graph):  # same texels: share the texture
             act_alias[out] = act_alias.get(layer.inputs[0], layer.inputs[0])
             continue
-        if not column_only(out, graph, needs):  # (else its 4 parts below alone)
+        if not column_only(out, graph, needs):  # (else its 8 parts below alone)
             per_sample("act:" + out, "activation", out)
         if layer.op == "maxpool":  # where each maximum came from, for the backward
             per_sample("argmax:" + out, "argmax", out)
@@ -475,12 +487,12 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             per_sample("ties:" + out, "argmax", out)
         if sample_blocked(layer, graph, max_batch) and not column_blocked(layer, graph):
             blocked_parts("act:" + out, "activation", out)  # 8 samples a fragment: its forward's 8 render targets
-        if column_blocked(layer, graph):  # 4 positions a fragment: its forward's 4 render targets
+        if column_blocked(layer, graph):  # 4 positions, 2 halves a fragment: its forward's 8 render targets
             c, h, w = graph.shapes[out]
-            p = activation_packing((c, h, ceil_div(w, COLUMN_BLOCK)), max_batch)
-            for t in range(COLUMN_BLOCK):
-                add(TextureSpec(f"col{t}:act:{out}", "activation", (max_batch, c, h, ceil_div(w, COLUMN_BLOCK)), p,
-                                p.rows, p.r2))
+            shape = (4 * ceil_div(ceil_div(c, 4), COLUMN_HALVES), h, ceil_div(w, COLUMN_BLOCK))
+            p = activation_packing(shape, max_batch)  # (its size: the texels are in blocks-last order)
+            for k in range(COLUMN_PARTS):
+                add(TextureSpec(f"col{k}:act:{out}", "activation", (max_batch,) + shape, p, p.rows, p.r2))
         if parts := split_k(layer, graph):  # float32 in every tier: partial sums
             p = activation_packing((graph.shapes[out][0], parts, 1), max_batch)
             add(TextureSpec("split:" + out, "partial", (max_batch,) + graph.shapes[out], p, p.rows, p.r2))

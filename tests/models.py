@@ -159,15 +159,17 @@ class ColumnChain(nn.Module):
     """Convs past layout.COLUMN_BLOCK_MIN_MACS reading one another, as in an inverted-residual trunk: a padded
     3x3 stem, a 1x1, a padded 5x5 depthwise, a strided one, a 1x1 read by a 1x1 and an add, on 23 columns (a
     partial last block of 4) then 12. Frozen (`fc.*` trains), the outputs of the first four convs are kept as
-    column parts alone (layout.column_only); the last two feed the add and keep their interleaves."""
+    column parts alone (layout.column_only); the last two feed the add and keep their interleaves. 34 and 90
+    channels: 9 and 23 texels, halves of 5 and 12 (the last texel of half 1 past the channels), the last
+    texel partly empty (the 1x1 reading 34 as parts reads 2 channels of it)."""
 
     def __init__(self):
         super().__init__()
-        self.stem = nn.Conv2d(3, 32, 3, padding=1)
-        self.expand = nn.Conv2d(32, 96, 1)
-        self.dw = nn.Conv2d(96, 96, 5, padding=2, groups=96)
-        self.down = nn.Conv2d(96, 96, 5, stride=2, padding=2, groups=96)
-        self.project = nn.Conv2d(96, 48, 1)
+        self.stem = nn.Conv2d(3, 34, 3, padding=1)
+        self.expand = nn.Conv2d(34, 90, 1)
+        self.dw = nn.Conv2d(90, 90, 5, padding=2, groups=90)
+        self.down = nn.Conv2d(90, 90, 5, stride=2, padding=2, groups=90)
+        self.project = nn.Conv2d(90, 48, 1)
         self.mix = nn.Conv2d(48, 48, 1)
         self.fc = nn.Linear(48, 5)
 

@@ -40,7 +40,11 @@ def test_conv_column_blocked_case_is_blocked():
     result = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=8)
     parts = [t for t in result.report["textures"] if t["name"].startswith("col0:")]
     assert len(parts) == 4, [t["name"] for t in parts]  # every conv's one-sample forward: 4 positions a fragment
-    assert sorted(t["texture"][0] for t in parts) == [3 * 6, 5 * 8, 5 * 12, 5 * 12]  # ceil(w / 4) * ceil(c / 4)
+    # ceil(w / 4) * ceil(ceil(c / 4) / 2): a half of the channel texels
+    assert sorted(t["texture"][0] for t in parts) == [3 * 3, 5 * 4, 5 * 6, 5 * 6]
+    names = {t["name"] for t in result.report["textures"]}
+    assert all(n.replace("col0:", f"col{k}:") in names for n in {t["name"] for t in parts} for k in range(8))
+    assert not any(n.startswith("col8:") for n in names)
 
 
 COLUMN_TRUNK = ("stem.*", "expand.*", "dw.*", "down.*", "project.*", "mix.*")
@@ -48,7 +52,7 @@ CHAIN = (3, 23, 23)
 
 
 def test_frozen_convs_keep_column_parts_for_the_convs_that_read_them():
-    """layout.column_only: frozen, the stem, expand, dw and down outputs are their 4 parts alone (no act:
+    """layout.column_only: frozen, the stem, expand, dw and down outputs are their 8 parts alone (no act:
     texture); trainable, every conv output has its usual texture (the backward reads it)."""
     m = ColumnChain().eval()
     onnx_model = export_simplified(m, CHAIN)
@@ -62,20 +66,22 @@ def test_frozen_convs_keep_column_parts_for_the_convs_that_read_them():
     gone = {n[len("col0:"):] for n in trainable if n.startswith("col0:")} - set(frozen)
     assert len(gone) == 4, gone  # the project and mix outputs feed the add: interleaved
     # the readers of those: expand and project (1x1), dw and down (depthwise, stride 1 and 2)
-    for kernel in ("32x23x23->96x23x23 k1x1 s1x1 g1 columns, read as columns",
-                   "96x23x23->96x23x23 k5x5 s1x1 g96 tanh columns, read as columns",
-                   "96x23x23->96x12x12 k5x5 s2x2 g96 relu columns, read as columns",
-                   "96x12x12->48x12x12 k1x1 s1x1 g1 columns, read as columns"):
+    for kernel in ("34x23x23->90x23x23 k1x1 s1x1 g1 columns, read as columns",
+                   "90x23x23->90x23x23 k5x5 s1x1 g90 tanh columns, read as columns",
+                   "90x23x23->90x12x12 k5x5 s2x2 g90 relu columns, read as columns",
+                   "90x12x12->48x12x12 k1x1 s1x1 g1 columns, read as columns"):
         assert f"// texelfit kernel: conv_forward {kernel} (generated" in js, kernel
     assert "48x12x12->48x12x12 k1x1 s1x1 g1 columns, read as columns" not in js  # project's output feeds the add
 
 
-@pytest.mark.parametrize("backend", ["webgl", "cpu", "rgba8"])
+@pytest.mark.parametrize("backend", ["webgl", "cpu", "rgba8", "webgl-4-targets"])
 def test_convs_reading_column_parts_match_pytorch(web, site, backend):
     """The frozen chain's predict (convs reading their input's column parts: 1x1 and depthwise, stride 1 and
     2, padded, a partial last block) equals PyTorch's, with 4 draws fewer than the trainable build (the
-    interleaves); its head trains on it as in PyTorch."""
-    options = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"}}[backend]
+    interleaves); its head trains on it as in PyTorch. With 4 draw buffers (forced) each column-blocked
+    forward draws its halves one at a time (Pass.wide), into the same parts."""
+    options = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"},
+               "webgl-4-targets": {"maxDrawBuffers": 4}}[backend]
     torch.manual_seed(11)
     m = ColumnChain().eval()
     x = torch.randn(3, *CHAIN)
@@ -86,6 +92,8 @@ def test_convs_reading_column_parts_match_pytorch(web, site, backend):
     if backend == "webgl":
         every = build_module(site, "column_chain_all", m, CHAIN, max_batch=8)
         assert predict_draws(web, url, [3])["3"] == predict_draws(web, every, [3])["3"] - 4
+    if backend == "webgl-4-targets":  # 6 column-blocked convs: a draw more each
+        assert predict_draws(web, url, [3], options=options)["3"] == predict_draws(web, url, [3])["3"] + 6
     check_training(web, site, ColumnChain, CHAIN, "adam", "cross_entropy", samples=6, batch_size=3, epochs=2,
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=12, options=options, max_batch=8, frozen=COLUMN_TRUNK)
 

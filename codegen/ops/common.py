@@ -1,7 +1,7 @@
 """Constants and helpers shared by the op families."""
 from __future__ import annotations
 
-from texelfit.prep.layout import COLUMN_BLOCK, SAMPLE_BLOCK, ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
+from texelfit.prep.layout import COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, SAMPLE_BLOCK, ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
 
 from texelfit.prep.elementwise import UNARY, X, const, derivatives_of, forward_of
 
@@ -93,22 +93,30 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
             Pass(kernel("reduce", ("P",) + (("B",) if b else ()), split=parts), ["split:" + y] + ([b] if b else []),
                  one.outputs, "batch", layer.name, blocked=one.blocked)]
     if "col0:" + plan.tensor(y) in plan.textures:
-        # column-blocked (layout.column_blocked): the forward, at every batch, computes 4 positions a fragment into
-        # col0..3:Y, and a pass interleaves them into Y, unless only such convs read Y (layout.column_only); one
-        # whose X is kept that way reads its parts X0..3
-        one, parts = forward[0], [f"col{t}:{plan.tensor(y)}" for t in range(COLUMN_BLOCK)]
+        # column-blocked (layout.column_blocked): the forward, at every batch, computes 4 positions and 2 halves a
+        # fragment into col0..7:Y (or, on a device drawing fewer than 8 targets, a half a draw: Pass.wide), and a
+        # pass interleaves them into Y, unless only such convs read Y (layout.column_only); one whose X is kept
+        # that way reads its parts X0..7
+        one, parts = forward[0], [f"col{k}:{plan.tensor(y)}" for k in range(COLUMN_PARTS)]
         names, inputs, colin = one.kernel.inputs, one.inputs, plan.columns_only(x)
         if colin:
-            names = tuple(f"X{t}" for t in range(COLUMN_BLOCK)) + names[1:]
-            inputs = [f"col{t}:{plan.tensor(x)}" for t in range(COLUMN_BLOCK)] + inputs[1:]
-        forward[:1] = [Pass(kernel("forward", names, (), COLUMN_BLOCK, blocked=False, colblock=COLUMN_BLOCK, colin=colin),
-                            inputs, parts, "batch", layer.name, blocked=one.blocked)]
+            names = tuple(f"X{k}" for k in range(COLUMN_PARTS)) + names[1:]
+            inputs = [f"col{k}:{plan.tensor(x)}" for k in range(COLUMN_PARTS)] + inputs[1:]
+
+        def columns(halves, outputs, wide):
+            k = kernel("forward", names, (), len(outputs), blocked=False, colblock=COLUMN_BLOCK, colin=colin,
+                       halves=halves)
+            if len(halves) < COLUMN_HALVES:
+                k = Kernel(f"{k.name} half {halves[0]}", k.template, k.inputs, k.outputs, k.uniforms, k.consts)
+            return Pass(k, inputs, outputs, "batch", layer.name, blocked=one.blocked, wide=wide)
+        forward[:1] = [columns(list(range(COLUMN_HALVES)), parts, True)] + \
+            [columns([g], parts[COLUMN_BLOCK * g:COLUMN_BLOCK * (g + 1)], False) for g in range(COLUMN_HALVES)]
         if not plan.columns_only(y):
             interleave = Kernel("interleave_cols", "interleave_cols.glsl.j2",
-                                tuple(f"T{t}" for t in range(COLUMN_BLOCK)), uniforms=("u_c4",),
-                                consts={"block": COLUMN_BLOCK})
-            forward.insert(1, Pass(interleave, parts, one.outputs, "batch", layer.name, {"u_c4": c["oc4"]},
-                                   blocked=one.blocked))
+                                tuple(f"T{k}" for k in range(COLUMN_PARTS)), uniforms=("u_c4", "u_qb"),
+                                consts={"block": COLUMN_BLOCK, "halves": COLUMN_HALVES})
+            forward.insert(1 + COLUMN_HALVES, Pass(interleave, parts, one.outputs, "batch", layer.name,
+                                {"u_c4": c["oc4"], "u_qb": ceil_div(c["ow"], COLUMN_BLOCK)}, blocked=one.blocked))
     backward = []
     if y not in plan.needs_grad:  # below the lowest trainable layer: the backward stops before this one
         return forward, backward

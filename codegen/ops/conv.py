@@ -16,8 +16,10 @@ grad_input, conv_* blocked (8 samples a fragment, rows: blocks, into blk0..7:T) 
 on (Pass.blocked). In a training step the pass writing dW or db is left out: the optimizer pass
 includes its kernel (ops/optim.py).
 A column-blocked layer (layout.py: column_blocked) has the forward conv_forward columns (4 positions
-a fragment, into col0..3:Y) + interleave_cols (-> Y), at every batch; where only such convs read Y
-(layout.py: column_only) there is no interleave, and they read the parts X0..3 themselves.
+and 2 halves of the channel texels a fragment, into col0..7:Y; where the device draws fewer than 8
+targets, conv_forward columns half 0 and half 1, into col0..3 and col4..7: Pass.wide) + interleave_cols
+(-> Y), at every batch; where only such convs read Y (layout.py: column_only) there is no interleave,
+and they read the parts X0..7 themselves.
 """
 from __future__ import annotations
 
