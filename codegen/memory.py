@@ -18,8 +18,9 @@ targets (uploaded), the loss ring (read every few steps) and the softmax statist
 texel a sample: float32 in every tier), and any texture whose first use in the sequence is a read.
 
 The render targets of one pass (the sample-blocked parts blk0..7:T, the column-blocked parts
-col0..7:T, a max-pool's output and arg-max) must be of one size in WebGL2: they are one unit, which takes a slot of as many storages,
-all of one size, from units of as many textures before it.
+col0..7:T, a max-pool's output and arg-max) must be of one size in WebGL2: they are one unit,
+which takes a slot of as many storages, all of one size, from units of as many textures before it.
+(A column-blocked forward's draws of a half write 4 of its wide draw's 8: that unit.)
 
 Storage is allocated greedily in the order of first use: a texture takes the free storage that
 grows least (best fit), if it grows by less than the texture's own size, else a new one. The
@@ -66,7 +67,7 @@ def plan_storage(plan: LayoutPlan, schedule: Schedule) -> dict[str, int]:
     read_first: set[str] = set()
     units: dict[str, tuple[str, ...]] = {}  # texture -> the render targets it is drawn with
     for i, p in enumerate(sequence(schedule)):
-        if len(p.outputs) > 1 and p.wide is not False:  # (a draw of a half: its parts are the wide draw's unit)
+        if len(p.outputs) > 1 and p.wide is not False:  # (a draw of a half: the wide draw's unit)
             for name in p.outputs:
                 units[name] = tuple(p.outputs)
         for name in p.inputs:

@@ -1,7 +1,8 @@
 """Constants and helpers shared by the op families."""
 from __future__ import annotations
 
-from texelfit.prep.layout import COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, SAMPLE_BLOCK, ceil_div, chw  # noqa: F401  (chw: the ops take it from here)
+from texelfit.prep.layout import (COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, SAMPLE_BLOCK,  # noqa: F401
+                                  ceil_div, chw)  # (chw: the ops take it from here)
 
 from texelfit.prep.elementwise import UNARY, X, const, derivatives_of, forward_of
 
