@@ -220,12 +220,15 @@ def prepare(site, compile_onnx, export_simplified):
 # does the inference rows, then the training rows; onnxruntime-web, the inference rows.
 PAGES = [("texelfit", "head"), ("texelfit", "full"), ("tfjs-webgl", "all"), ("tfjs-wasm", "all"),
          ("ort-wasm", "infer"), ("ort-webgpu", "infer")]
+# the rows each part's page times (--rows leaves out the pages that time none of those asked for)
+PART_ROWS = {"head": ROWS[:3], "full": ROWS[3:], "all": ROWS, "infer": ROWS[:2]}
 
 
 def page_args(fw, part, url, args):
     d = f"{url}/data"
-    a = dict(part=part, warmup=args.warmup, repeats=args.repeats, headEpochs=args.head_epochs, images=IMAGES,
-             batch=BATCH, optimizer=ADAM, checkTol=CHECK_REL_L2, slow={"ms": args.slow_s * 1000, "repeats": args.slow_repeats}, refLogits=f"{d}/ref_logits1.bin",
+    a = dict(part=part, rows=args.rows, warmup=args.warmup, repeats=args.repeats, headEpochs=args.head_epochs,
+             images=IMAGES, batch=BATCH, optimizer=ADAM, checkTol=CHECK_REL_L2,
+             slow={"ms": args.slow_s * 1000, "repeats": args.slow_repeats}, refLogits=f"{d}/ref_logits1.bin",
              refFeatures=f"{d}/ref_features8.bin", y=f"{d}/y.bin")
     if fw == "texelfit":
         return dict(a, profileHead=args.profile_head, bundle=f"{url}/bundles/{part}/lite0.js", x=f"{d}/x_nchw.bin")
@@ -369,6 +372,13 @@ def markdown(result, title="EfficientNet-Lite0 benchmark", rows=ROWS, labels=ROW
             lines.append(f"- {labels[row]}: " + ("no number" if r is None else
                                                  f"{r:.2f} wall-clock ({'met' if r <= 0.5 else 'missed'})")
                          + ("" if cr is None else f", {cr:.2f} in CPU time ({'met' if cr <= 0.5 else 'missed'})"))
+        # each round's pages ran within minutes of each other: the ratio of each round alone shows how
+        # much of the spread is the machine's
+        lines += ["", "Each round's own ratio (texelfit / TF.js WebGL, wall-clock):", ""]
+        for row in rows:
+            a, b = (t.get(row, {}).get(f, {}).get("rounds", []) for f in ("texelfit", "tfjs-webgl"))
+            if a and len(a) == len(b):
+                lines.append(f"- {labels[row]}: " + ", ".join(f"{u / v:.2f}" for u, v in zip(a, b)))
     lines += ["", "Output checks before timing (against PyTorch, relative L2 / max abs):", ""]
     for fw, cs in result["checks"].items():
         for name, c in cs.items():
@@ -402,6 +412,8 @@ def main(argv=None):
     ap.add_argument("--profile-head", action="store_true",
                     help="after the timed rows, profile texelfit's head steps per kernel (diagnostic)")
     ap.add_argument("--frameworks", nargs="+", default=FRAMEWORKS, choices=FRAMEWORKS)
+    ap.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS,
+                    help="time only these rows (for more rounds of one row in the same time)")
     ap.add_argument("--page-timeout", type=int, default=600, help="seconds a page may take")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = ap.parse_args(argv)
@@ -415,11 +427,12 @@ def main(argv=None):
         pages, version = [], None
         try:
             for r in range(args.rounds):
-                got, version = browser_round(url, args, r)
+                got, version = browser_round(url, args, r, [p for p in PAGES if set(PART_ROWS[p[1]]) & set(args.rows)])
                 pages += got
         finally:
             httpd.shutdown()
-    write_result(args, "efficientnet", pages, version, info, markdown)
+    write_result(args, "efficientnet", pages, version, info,
+                 lambda res: markdown(res, rows=[r for r in ROWS if r in args.rows]))
 
 
 def write_result(args, name, pages, version, info, to_markdown, **extra):

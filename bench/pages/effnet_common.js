@@ -50,10 +50,12 @@ export async function cpuMs() {
   return await window.benchCpuTicks();
 }
 
-// Runs each row in turn; a row that throws records its error, and the rest still run.
-export async function rowsOf(list) {
+// Runs each row in turn (only those named in `only`, where given: the bench's --rows); a row that throws
+// records its error, and the rest still run.
+export async function rowsOf(list, only = null) {
   const rows = {};
   for (const [name, fn] of list) {
+    if (only && !only.includes(name)) continue;
     try {
       rows[name] = await fn();
     } catch (e) {

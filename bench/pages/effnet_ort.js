@@ -33,8 +33,8 @@ async function run(a) {
   const rows = await rowsOf([
     ['predict_b1', () => timed(a.warmup, a.repeats, () => infer(full, one, 1), a.slow)],
     ['features_32', () => timed(a.warmup, a.repeats, () => infer(trunk, x, a.images), a.slow)],
-  ].filter(([name]) => !a.skip.includes(name)));
-  for (const name of a.skip) rows[name] = { error: a.skipWhy };
+  ].filter(([name]) => !a.skip.includes(name)), a.rows);
+  for (const name of a.skip) if (!a.rows || a.rows.includes(name)) rows[name] = { error: a.skipWhy };
   await full.release();
   await trunk.release();
   return { env, checks, rows };

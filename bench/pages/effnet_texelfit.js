@@ -27,8 +27,8 @@ async function run(a) {
       ['predict_b1', () => timed(a.warmup, a.repeats, () => m.predict(one, 1), a.slow)],
       ['features_32', () => timed(a.warmup, a.repeats, () => m.features(x, a.images), a.slow)],
       ['head_step_b8', () => headRow(m, x, y, a.images, a)],
-    ]);
-    if (a.profileHead && rows.head_step_b8.ms) try {
+    ], a.rows);
+    if (a.profileHead && rows.head_step_b8?.ms) try {
       // diagnostic, after the timed rows: where a head step's time goes. A 3-epoch fit on the first 8
       // images with every draw synced and timed (common.js: profileGl); the trunk's kernels (the
       // cache) and the head's are told apart by name; `steps` head steps.
@@ -43,7 +43,7 @@ async function run(a) {
     const xb = x.subarray(0, a.batch * PER_IMAGE);
     const yb = y.subarray(0, a.batch);
     const opts = { batchSize: a.batch, epochs: 1, shuffle: false, optimizer: a.optimizer };
-    rows = await rowsOf([['finetune_step_b8', () => fitStepRow(m, xb, yb, opts, a)]]);
+    rows = await rowsOf([['finetune_step_b8', () => fitStepRow(m, xb, yb, opts, a)]], a.rows);
   }
   m.dispose();
   return { env, checks, rows };

@@ -128,7 +128,7 @@ async function run(a) {
       yb.dispose();
       return r;
     }],
-  ]);
+  ], a.rows);
   env.numTensors = tf.memory().numTensors;
   return { env, checks, rows };
 }
