@@ -426,8 +426,9 @@ def main(argv=None):
         httpd, url = common.serve(site)
         pages, version = [], None
         try:
+            pages_asked = [p for p in PAGES if set(PART_ROWS[p[1]]) & set(args.rows)]
             for r in range(args.rounds):
-                got, version = browser_round(url, args, r, [p for p in PAGES if set(PART_ROWS[p[1]]) & set(args.rows)])
+                got, version = browser_round(url, args, r, pages_asked)
                 pages += got
         finally:
             httpd.shutdown()
