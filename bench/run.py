@@ -176,6 +176,20 @@ def use_texelfit(rev, tmp):
     return os.path.dirname(texelfit.__file__), compile_onnx, export_simplified
 
 
+def cpu_model():
+    """The CPU's model name (/proc/cpuinfo) and the vector extensions SwiftShader's code can use: the same
+    bench's ratios move with the machine, so its results say which machine."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                 platform.machine())
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    ext = [f for f in ("avx2", "avx512f", "f16c") if f in flags]
+    return f"{model} ({', '.join(ext) or 'no avx2'})"
+
+
 def git_state(rev):
     def git(*a):
         r = subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True)
@@ -886,11 +900,7 @@ def main(argv=None):
     summary = summarize(rounds, torch_rounds, built, args)
     renderer = next((res[fw]["env"]["renderer"] for r in rounds for res in r.values() for fw in res
                      if fw == "tfjs-webgl" and "env" in res[fw] and "renderer" in res[fw]["env"]), None)
-    cpu = platform.processor() or "?"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     result = {
         "meta": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu,
                  "cpus": os.cpu_count(), "chromium": versions[0] if versions else None, "chromium_args": CHROMIUM_ARGS,
