@@ -82,7 +82,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
     # packing: [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c] (prep/layout.py); for per-sample
     # textures it describes max_batch samples, and one sample is `sampleRows` rows of it
     textures = [{"name": t.name, "width": t.width, "height": t.height, "packing": t.packing.to_json(),
-                 "sampleRows": t.sample_rows, "double": t.double, "role": t.role, "storage": storage.get(t.name, -1)}
+                 "sampleRows": t.sample_rows, "double": t.double, "role": t.role, "storage": storage.get(t.name, -1),
+                 **({"fold": t.fold} if t.fold else {})}  # (layout.blocked_fold)
                 for t in plan.textures.values()]
     out_spec = plan.textures[plan.tensor(graph.output)]
     # a column-blocked conv forward's draws (Pass.wide): the runtime's choice between them is rendered only then
@@ -157,6 +158,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "input_names": list(graph.inputs),
         "input_dtypes": [graph.dtype(t) for t in graph.inputs],
         "has_image": image is not None,  # fromImages' code (images.js.j2) is rendered only then
+        "has_fold": any(t.fold for t in plan.textures.values()),  # (layout.blocked_fold) its code only then
         # token ids: toIds and checkIds (model.js.j2) are rendered only then
         "int_input": any(graph.dtype(t) != "float32" for t in graph.inputs),
         # the textures of integer inputs: kept float32 in the float16 tier (ids must stay exact)

@@ -246,6 +246,23 @@ def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
 # 1.16 times as long as one computing 4: the fetches of the weights and the per-fragment work
 # dominate, so 8 halves the fragments for little more each.
 SAMPLE_BLOCK_MIN_MACS = 16384
+
+# A blocked part of few rows is folded: its texels, in row-major order, fill rows of `fold` texels, the
+# layout of a texture past the size limit (textures.js; the kernels read it through fetchTiled and write it
+# through outCoord). SwiftShader shares a draw between its threads by rows of 2x2 quads, so a draw one texel
+# high runs on one thread with half of each quad idle: a dense layer's blocked forward at a max batch of 8 is
+# one row of O/4 fragments. EfficientNet-Lite0's 1280->1000 head forward at batch 8 in a microbenchmark (its
+# loop, 8 targets): 14.7 ms as 250x1 fragments, 11.3 as 125x2, 8.2 as 63x4, 7.7 as 32x8, 6.5 as 16x16.
+# From FOLD_MIN_WIDTH texels on, a part of fewer than FOLD_ROWS rows is folded into FOLD_ROWS.
+FOLD_ROWS = 8
+FOLD_MIN_WIDTH = 64
+
+
+def blocked_fold(width: int, rows: int) -> int:
+    """The texels a row of a blocked part of width x rows texels is folded into (0: not folded)."""
+    if rows >= FOLD_ROWS or width < FOLD_MIN_WIDTH:
+        return 0
+    return ceil_div(width * rows, FOLD_ROWS)
 SAMPLE_BLOCK = 8
 BLOCK_MIN_BATCH = 8
 
@@ -379,6 +396,7 @@ class TextureSpec:
     height: int  # texture height in texels (>= packing.rows)
     sample_rows: int = 0  # texture rows per sample (per-sample tensors), else 0
     double: bool = False  # ping-pong pair (weights and optimizer state)
+    fold: int = 0  # folded into rows of this many texels on every device (blocked_fold), else 0
 
     @property
     def width(self) -> int:
@@ -460,7 +478,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         shape = graph.shapes[tensor]
         p = activation_packing(shape, ceil_div(max_batch, SAMPLE_BLOCK))
         for t in range(SAMPLE_BLOCK):
-            add(TextureSpec(f"blk{t}:{name}", role, (ceil_div(max_batch, SAMPLE_BLOCK),) + shape, p, p.rows, p.r2))
+            add(TextureSpec(f"blk{t}:{name}", role, (ceil_div(max_batch, SAMPLE_BLOCK),) + shape, p, p.rows, p.r2,
+                            fold=blocked_fold(p.width, p.rows)))
 
     def samples_last(name, role, tensor, rows_of=1):
         shape = graph.shapes[tensor]

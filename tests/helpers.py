@@ -203,7 +203,7 @@ GRAD = dict(atol=2e-6, rtol=2e-4)
 
 
 def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0,
-             fwd=FWD, grad=GRAD, options=None, ids=None):
+             fwd=FWD, grad=GRAD, options=None, ids=None, max_batch=64):
     """Forward output and the gradient of every weight against PyTorch autograd.
 
     Makes the module with `factory()` after seeding (the same weights whatever ran before),
@@ -223,7 +223,7 @@ def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0
     else:
         y = torch.randn((batch,) + tuple(out_shape), generator=g)
         y_js = y.reshape(-1).tolist()
-    url = build_module(site, f"op_{case}", module, shape, input_dtype="int64" if ids else "float32")
+    url = build_module(site, f"op_{case}", module, shape, input_dtype="int64" if ids else "float32", max_batch=max_batch)
     got = run_model(web, url, """
         const x = args.ids ? Int32Array.from(args.x) : new Float32Array(args.x);
         const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);

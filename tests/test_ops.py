@@ -12,6 +12,7 @@ from __future__ import annotations
 import zlib
 
 import pytest
+import torch
 
 from helpers import build_module, check_op, predict_draws, run_model
 from models import BLOCKED_CASES, CNN_CASES, OP_CASES
@@ -63,6 +64,31 @@ def test_without_8_draw_buffers_blocked_layers_run_one_sample_passes(web, site, 
     url = build_module(site, f"draws4_{case}", factory(), shape)
     draws = predict_draws(web, url, [1, 10], options={"maxDrawBuffers": 4})
     assert draws["1"] == draws["10"], draws
+
+
+def folded_mlp():
+    """45-300-260-7: the two dense layers past layout.SAMPLE_BLOCK_MIN_MACS write blocked parts of 65 (forward)
+    and 75 (the second's grad_input) texels a row."""
+    return torch.nn.Sequential(torch.nn.Linear(45, 300), torch.nn.ReLU(), torch.nn.Linear(300, 260), torch.nn.ReLU(),
+                               torch.nn.Linear(260, 7))
+
+
+@pytest.mark.parametrize("precision", ["float32", "rgba8"])
+def test_blocked_parts_of_few_rows_are_folded(web, site, precision):
+    """layout.blocked_fold: at a max batch of 16 a blocked part is 2 rows of 65 or 75 texels, folded into 8 rows
+    (the tiled layout, on every device; rgba8: 4 texels a float). The forward and every gradient match PyTorch at
+    a batch of 10 (a block of 8 and one of 2, blocked) and of 3 (the one-sample passes), and m.info counts no
+    texture folded past the size limit."""
+    from texelfit.prep.layout import blocked_fold
+    assert blocked_fold(65, 2) == 17 and blocked_fold(75, 2) == 19 and blocked_fold(65, 8) == 0
+    js = compile_onnx(export_simplified(folded_mlp(), (45,)), name="m", input_shape=(45,), max_batch=16).files["m.js"]
+    assert js.count('"fold":') == 16, "the 8 parts of the forward and of the grad_input"
+    for batch in (10, 3):
+        check_op(web, site, f"folded_{precision}_{batch}", folded_mlp, (45,), "cross_entropy", batch=batch, seed=batch,
+                 options={"precision": precision}, max_batch=16)
+    url = build_module(site, f"folded_info_{precision}", folded_mlp(), (45,), max_batch=16)
+    info = run_model(web, url, "return m.info;", {}, {"precision": precision})
+    assert info["foldedTextures"] == 0 and info["precision"] == precision
 
 
 def blocked_out(names) -> str:
