@@ -439,7 +439,8 @@ def write_result(args, name, pages, version, info, to_markdown, **extra):
     """Summarise the pages, write args.out/NAME.json (everything) and NAME.md (to_markdown of it), print it."""
     table, ratios, cpu_ratios, checks, notes = summarize(pages)
     result = {"meta": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                       "chromium": version, "cpu": f"{common.cpu_model()}, {os.cpu_count()} cores", "git": common.git_state(None), "torch": torch.__version__},
+                       "chromium": version, "cpu": f"{common.cpu_model()}, {os.cpu_count()} cores",
+                       "git": common.git_state(None), "torch": torch.__version__},
               "args": vars(args), "prep": info, "table": table, "ratios": ratios, "cpuRatios": cpu_ratios, "checks": checks, "notes": notes,
               "pages": pages, **extra}
     os.makedirs(args.out, exist_ok=True)

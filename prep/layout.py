@@ -246,6 +246,8 @@ def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
 # 1.16 times as long as one computing 4: the fetches of the weights and the per-fragment work
 # dominate, so 8 halves the fragments for little more each.
 SAMPLE_BLOCK_MIN_MACS = 16384
+SAMPLE_BLOCK = 8
+BLOCK_MIN_BATCH = 8
 
 # A blocked part of few rows is folded: its texels, in row-major order, fill rows of `fold` texels, the
 # layout of a texture past the size limit (textures.js; the kernels read it through fetchTiled and write it
@@ -263,8 +265,6 @@ def blocked_fold(width: int, rows: int) -> int:
     if rows >= FOLD_ROWS or width < FOLD_MIN_WIDTH:
         return 0
     return ceil_div(width * rows, FOLD_ROWS)
-SAMPLE_BLOCK = 8
-BLOCK_MIN_BATCH = 8
 
 
 def sample_blocked(layer, graph: Graph, max_batch: int) -> bool:
