@@ -16,6 +16,7 @@ Every framework's output is checked against PyTorch's on the same images before 
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import hashlib
 import json
@@ -386,8 +387,8 @@ def markdown(result, title="EfficientNet-Lite0 benchmark", rows=ROWS, labels=ROW
     errs = [(row, f, e) for row in rows for f, c in t.get(row, {}).items() for e in c["errors"]]
     if errs or result["notes"]:
         lines += ["", "Failures:", ""]
-        for row, f, e in errs:
-            lines.append(f"- {f} {row}: {e}")
+        for (row, f, e), n in collections.Counter(errs).items():  # one line per error, not per round
+            lines.append(f"- {f} {row}: {e}" + (f" ({n} rounds)" if n > 1 else ""))
         for f, es in result["notes"].items():
             for e in es:
                 lines.append(f"- {f} page {e}")
