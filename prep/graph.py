@@ -22,7 +22,7 @@ from .ir import Graph, Layer, Param
 from . import onnx_shape, resample
 from .load import INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, \
     initializer_arrays
-from .shape import chain_shape, part_shape
+from .shape import Constant, chain_shape, part_shape
 
 N = "N"  # the batch dimension in symbolic shape values
 F32_MAX = float(np.finfo(np.float32).max)  # an infinite constant that a kernel bakes in (select_eq's -inf fill)
@@ -397,6 +397,16 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             batch_consts[out] = onnx_shape.batch_constant(_where(node), op, a, [consts[i] for i in ins])
             if op == "Expand" and ins[0] in trainable_names:  # a parameter repeated over the batch: a class token
                 expanded_params[out] = ins[0]
+            continue
+        if op == "Gather" and ins[0] in trainable_names and _same_rows_each_sample(a, consts.get(ins[1])):
+            # a parameter table read at constant rows, the same for every sample ([T] or [1, T] positions: a
+            # position table): an embedding of constant ids, so that the table trains (prep.load never lets
+            # onnxsim fold it, and this does not either)
+            ids = f"{out}:ids"
+            gather(node, ids, [{"input": None, "const": Constant(np.asarray(consts[ins[1]]).reshape(-1)), "ops": []}],
+                   [], name=f"{node.name}:ids")
+            integer.add(ids)
+            layers.append(_embedding(node, a, ids, param(node, 0), params, shapes, padding_idx))
             continue
         if all(x in consts for x in ins if x):
             consts[out] = _fold(node, op, a, [consts[x] if x else None for x in ins])
@@ -849,6 +859,13 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
     ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[0].split("@")[0]), kv[0])))
     return Graph(inp.name, output, shapes, layers, ordered, inputs=tuple(i.name for i in inputs),
                  dtypes={k: v for k, v in dtypes.items() if v != "float32"})
+
+
+def _same_rows_each_sample(a, idx) -> bool:
+    """Whether a Gather's indices `idx` pick rows (axis 0) of a table, the same rows for every sample: a
+    constant [T] or [1, T] (the batch axis broadcast)."""
+    return int(a.get("axis", 0)) == 0 and isinstance(idx, np.ndarray) and np.issubdtype(idx.dtype, np.integer) and \
+        (idx.ndim == 1 or (idx.ndim == 2 and idx.shape[0] == 1))
 
 
 def _embedding(node, a, ids, table: str, params, shapes, padding_idx) -> Layer:

@@ -67,14 +67,162 @@ def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
 
 
 def export_simplified(module, input_shape, inputs=None, input_dtype="float32"):
-    """Export, simplify, and give folded weights back their state_dict names."""
-    state = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
-    model = restore_state_dict_names(simplify(export_module(module, input_shape, inputs, input_dtype)), state)
-    _set_meta(model, PARAMETERS_KEY, sorted(n for n, _ in module.named_parameters()))
+    """Export and simplify a PyTorch module so that every parameter reaches the ONNX graph as itself.
+
+    Nothing may change a parameter because of its value: the exporter merges initializers of equal
+    value (two zero biases become one), and onnxsim removes the `Add` of a zero bias or folds a
+    position table read at constant positions into a constant. So the module is exported with each
+    parameter replaced by a *mark* (its values plus a small random perturbation: distinct from every
+    other tensor, of the same scale), the initializers are matched back to the parameters by their marks
+    (as they are, transposed, or reshaped), renamed to their state_dict names and given their real
+    values, and onnxsim then sees them as graph inputs, which it cannot fold. Parameters that do not
+    reach the graph as themselves are recorded (FOLDED_KEY) with the reason, for the build's check of
+    the trainable set (prep/trust.py). Buffers keep the old rule: named back by value."""
+    import torch
+
+    named = dict(module.named_parameters())  # tied parameters (one nn.Parameter under two names) once
+    real = {n: p.detach().clone() for n, p in named.items()}
+    marks = _marks(real)
+    _write(named, marks)
+    try:  # (not under no_grad: nn.TransformerEncoderLayer would take its fused fast path, which has no export)
+        exported = export_module(module, input_shape, inputs, input_dtype)
+    finally:
+        _write(named, real)
+    values = {n: t.numpy() for n, t in real.items()}
+    claimed, folded = claim_parameters(exported, marks, values)
+    unused = set(_without_gradient(module, input_shape, inputs, input_dtype, folded)) if folded else set()
+    folded = {n: why for n, why in folded.items() if n not in unused}
+    model = simplify(exported, protect=claimed)
+    kept = {i.name.split("@")[0] for i in model.graph.initializer}
+    unused |= {n for n in claimed if n.split("@")[0] not in kept}  # read only by what onnxsim found dead
+    kept = set(dict(module.named_buffers()))  # (a tied parameter's second state_dict key is no buffer)
+    buffers = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items() if k in kept}
+    model = restore_state_dict_names(model, buffers)
+    _set_meta(model, PARAMETERS_KEY, sorted(named))
+    if folded:
+        _set_meta(model, FOLDED_KEY, dict(sorted(folded.items())))
+    if unused:
+        _set_meta(model, UNUSED_KEY, sorted(unused))
     padding = _padding_indices(module)
     if padding:
         _set_meta(model, PADDING_IDX_KEY, padding)
     return model
+
+
+def _without_gradient(module, input_shape, inputs, input_dtype, names) -> list[str]:
+    """Those of `names` (parameters not found in the export) that the module's output does not depend on:
+    PyTorch gives them no gradient (.grad stays None after a backward from the export's example)."""
+    import torch
+
+    shapes = [tuple(s) for s in input_shape] if inputs else [tuple(input_shape)]
+    dtypes = list(input_dtype) if isinstance(input_dtype, (list, tuple)) else [input_dtype] * len(shapes)
+    named = dict(module.named_parameters())
+    saved = {n: p.grad for n, p in named.items()}
+    try:
+        for p in named.values():
+            p.grad = None
+        out = module(*(torch.zeros((2,) + s, dtype=getattr(torch, d)) for s, d in zip(shapes, dtypes)))
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        out.float().sum().backward()
+        return [n for n in names if named[n].grad is None]
+    except Exception:  # noqa: BLE001 (a module that cannot run backward here: every one of them stays an error)
+        return []
+    finally:
+        for n, p in named.items():
+            p.grad = saved[n]
+
+
+def _write(named: dict, values: dict) -> None:
+    import torch
+
+    with torch.no_grad():
+        for n, p in named.items():
+            p.copy_(torch.as_tensor(values[n]))
+
+
+def _marks(real: dict) -> dict[str, np.ndarray]:
+    """Each parameter's export-time stand-in: its values plus noise of about 1e-3 of its scale (a zero
+    tensor gets noise of 1e-3), from a fixed seed, so builds stay deterministic. Two parameters never
+    share a mark, and a mark equals no buffer or constant, so nothing is merged or folded for its value."""
+    rng = np.random.default_rng(20261204)
+    out = {}
+    for n, t in real.items():
+        a = t.numpy().astype(np.float32)
+        scale = float(np.abs(a).mean()) if a.size else 0.0
+        noise = rng.standard_normal(a.shape).astype(np.float32) * np.float32(1e-3 * (scale if scale > 0 else 1.0))
+        out[n] = (a + noise + np.float32(1e-3 * (scale if scale > 0 else 1.0))).astype(np.float32)
+    return out
+
+
+def claim_parameters(model, marks: dict[str, np.ndarray], values: dict[str, np.ndarray]):
+    """Find each parameter among the exported model's initializers by its mark (as it is, transposed,
+    or its values in another shape), rename the initializer to the state_dict name, and write the real
+    values in. Returns (the claimed names, {parameter: why it is not among them}).
+
+    A parameter found twice (tied weights read in two layouts: GPT-2's wte read by a Gather and,
+    transposed, by the head's MatMul) keeps its name on the first and is named NAME@tied on the other
+    (TIED_KEY), so the check of the trainable set can name it."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    renames: dict[str, str] = {}
+    transposed: list[str] = []
+    reshaped: dict[str, list[int]] = {}
+    tied: dict[str, str] = {}
+    found: set[str] = set()
+    by_size: dict[int, list[str]] = {}
+    for n, m in marks.items():
+        by_size.setdefault(m.size, []).append(n)
+    for init in g.initializer:
+        if init.data_type != 1:  # FLOAT
+            continue
+        arr = numpy_helper.to_array(init)
+        for n in by_size.get(arr.size, ()):
+            mark = marks[n]
+            if arr.shape == mark.shape and np.array_equal(arr, mark):
+                how, real = "same", values[n]
+            elif mark.ndim == 2 and arr.shape == mark.T.shape and np.array_equal(arr, mark.T):
+                how, real = "transposed", values[n].T
+            elif arr.size > 1 and np.array_equal(arr.reshape(-1), mark.reshape(-1)):
+                how, real = "reshaped", values[n].reshape(arr.shape)
+            else:
+                continue
+            name = n
+            if n in found:
+                name = f"{n}@tied"
+                while name in renames.values():
+                    name += "_"
+                tied[name] = n
+            found.add(n)
+            renames[init.name] = name
+            init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(real, dtype=np.float32), name))
+            if how == "transposed":
+                transposed.append(name)
+            elif how == "reshaped":
+                reshaped[name] = list(values[n].shape)
+            break
+    for node in g.node:
+        for i, t in enumerate(node.input):
+            if t in renames:
+                node.input[i] = renames[t]
+    for inp in g.input:
+        if inp.name in renames:
+            inp.name = renames[inp.name]
+    folded: dict[str, str] = {}
+    for n in marks:
+        if n in found:
+            continue
+        where = [i.name for i in g.initializer if i.data_type == 1 and i.name not in renames.values()
+                 and np.isin(numpy_helper.to_array(i).reshape(-1), marks[n].reshape(-1)).any()]
+        folded[n] = (f"the ONNX exporter computed it into the constant {where[0]!r}" if where else
+                     "it does not reach the exported graph (forward does not use it, or computes it away)")
+    if transposed:
+        _set_meta(model, TRANSPOSED_KEY, sorted(transposed))
+    if reshaped:
+        _set_meta(model, STATE_SHAPES_KEY, dict(sorted(reshaped.items())))
+    if tied:
+        _set_meta(model, TIED_KEY, dict(sorted(tied.items())))
+    return set(renames.values()), folded
 
 
 def _padding_indices(module) -> dict[str, int]:
@@ -257,9 +405,15 @@ _KEPT_APART = ("eliminate_duplicate_initializer", "fuse_mul_into_conv", "fuse_pr
                "fuse_matmul_into_conv", "fuse_reduce_sum_into_conv", "fuse_consecutive_mul")
 
 
-def simplify(model):
+def simplify(model, protect=()):
+    """onnxsim, with the initializers named in `protect` (parameters) hidden from it as graph inputs, so
+    that it cannot fold, merge or remove them for their values; they are initializers again after."""
     import onnxsim
 
+    g = model.graph
+    hidden = [init for init in g.initializer if init.name in set(protect)]
+    if hidden:
+        model = _as_inputs(model, hidden)
     try:
         # Batch-norm is folded by prep.fold (which keeps the conv's names), equal initializers stay
         # separate parameters, and no scale is multiplied into a conv's weights (its weights would no
@@ -269,7 +423,31 @@ def simplify(model):
         raise BuildError(f"onnxsim failed: {' '.join(str(e).split())[:400]}") from None
     if not ok:
         raise BuildError("onnxsim could not validate the simplified model")
+    if hidden:  # back as initializers; one that onnxsim's dead-code removal left unread goes
+        used = {t for n in simplified.graph.node for t in n.input}
+        simplified.graph.initializer.extend(h for h in hidden if h.name in used)
+        unread = [i for i in simplified.graph.input if i.name in {h.name for h in hidden} - used]
+        for i in unread:
+            simplified.graph.input.remove(i)
     return _constants_as_initializers(simplified)
+
+
+def _as_inputs(model, hidden):
+    """A copy of `model` whose `hidden` initializers are graph inputs of their shape instead."""
+    import onnx
+    from onnx import helper
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    names = {h.name for h in hidden}
+    kept = [i for i in out.graph.initializer if i.name not in names]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    declared = {i.name for i in out.graph.input}
+    for h in hidden:
+        if h.name not in declared:
+            out.graph.input.append(helper.make_tensor_value_info(h.name, h.data_type, list(h.dims)))
+    return out
 
 
 def _constants_as_initializers(model):
@@ -302,6 +480,13 @@ PARAMETERS_KEY = "texelfit.parameters"
 STATE_SHAPES_KEY = "texelfit.state_shapes"
 # {table's state_dict name: padding_idx} of the model's nn.Embedding modules (export_simplified)
 PADDING_IDX_KEY = "texelfit.padding_idx"
+# {parameter: why}: the parameters of a PyTorch source that did not reach the exported graph as
+# themselves (export_simplified); the build fails naming them unless --trainable freezes them
+FOLDED_KEY = "texelfit.folded_parameters"
+# the parameters of a PyTorch source that its output does not depend on (no gradient in PyTorch either)
+UNUSED_KEY = "texelfit.unused_parameters"
+# {NAME@tied: NAME}: a parameter found twice among the initializers (tied weights in two layouts)
+TIED_KEY = "texelfit.tied_parameters"
 
 
 def restore_state_dict_names(model, state: dict[str, np.ndarray]):

@@ -181,8 +181,12 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
     axes: dict[str, tuple[Seg, ...]] = {t: (Seg(gs.new(graph.shapes[t][0], reason="model input"), graph.shapes[t][0], 1),)
                                         for t in graph.inputs}
     for layer in graph.layers:
-        x = axes[layer.inputs[0]]
         out = layer.outputs[0]
+        if not layer.inputs:  # constants alone (a position table's ids): nothing to prune
+            n = graph.shapes[out][0]
+            axes[out] = (Seg(gs.new(n, reason="a constant"), n, 1),)
+            continue
+        x = axes[layer.inputs[0]]
         if layer.op == "dense":
             n = graph.shapes[out][0]
             axes[out] = (Seg(gs.new(n, layer), n, 1),)
@@ -294,7 +298,7 @@ def apply_prune(graph: Graph, plan: PrunePlan) -> Graph:
         params[pname] = dataclasses.replace(p, array=arr)
 
     for layer in graph.layers:
-        x, out = layer.inputs[0], layer.outputs[0]
+        x, out = (layer.inputs or [None])[0], layer.outputs[0]
         attrs = layer.attrs
         if layer.op in ("dense", "conv"):
             groups = attrs.get("groups", 1)

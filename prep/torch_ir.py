@@ -56,6 +56,7 @@ class IRModule(nn.Module):
         g = self.graph
         assert len(xs) == len(g.inputs), f"{len(xs)} tensors for the inputs {g.inputs}"
         env = dict(zip(g.inputs, xs))
+        self._batch = xs[0].shape[0]  # (a gather of constants alone, a position table's ids, reads no tensor)
         for layer in g.layers:
             ins = [env[t] for t in layer.inputs]
             y = self._layer(layer, ins)
@@ -79,7 +80,7 @@ class IRModule(nn.Module):
         return out
 
     def _layer(self, layer, ins):
-        op, a, x = layer.op, layer.attrs, ins[0]
+        op, a, x = layer.op, layer.attrs, ins[0] if ins else None
         if op == "dense":
             w, b = self.param(layer, "weight"), self.param(layer, "bias")
             if self.graph.params[layer.params["weight"]].transposed:
@@ -139,6 +140,8 @@ class IRModule(nn.Module):
         if op == "layernorm":
             w = self.param(layer, "weight")  # its size, not x.shape[-1]: a traced export needs a constant shape
             return F.layer_norm(x, (int(w.shape[0]),), w, self.param(layer, "bias"), a["eps"])
+        if op == "gather":
+            return _gather(a["parts"], ins, lambda role: self.param(layer, role), self._batch)
         dim = -1 if x.dim() == 3 else 1  # tokens (R, F): over the features; else the channels (classes)
         if op == "softmax":
             return torch.softmax(x, dim=dim)
@@ -148,8 +151,6 @@ class IRModule(nn.Module):
             return torch.cat(ins, dim=1)
         if op == "flatten":
             return torch.flatten(x, 1)
-        if op == "gather":
-            return _gather(a["parts"], ins, lambda role: self.param(layer, role))
         raise AssertionError(f"IRModule: no forward for op {op!r}")
 
 
@@ -167,11 +168,10 @@ def _view_op(t, op):
     return F.pad(t, [0, 0] * (t.dim() - a - 2) + [lo, hi])
 
 
-def _gather(parts, ins, param):
+def _gather(parts, ins, param, batch):
     """The sum of the parts, each its source (an input, a constant sample repeated over the batch, or a
     parameter so repeated: a class token, `param(role)`) through its chain; a plain concatenation (each
     chain one pad, tiling one axis in order) as torch.cat, which exports as Concat again."""
-    batch = ins[0].shape[0]
 
     def source(p):
         if p.get("param") is not None:

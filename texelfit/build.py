@@ -32,6 +32,7 @@ from texelfit.prep.graph import to_ir
 from texelfit.prep.ir import Graph
 from texelfit.prep.layout import LayoutPlan, check_layout, plan_layout
 from texelfit.prep.load import BuildError, load_onnx
+from texelfit.prep.trust import check_trainable
 from texelfit.prep.prune import apply_prune, check_ratio, plan_prune
 from texelfit.prep.quantize import MODES, Quantized, quantize as quantize_weights
 from texelfit.tokenizer import load_tokenizer, tokenizer_input
@@ -93,6 +94,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
         raise BuildError(f"weights_file must be True, False or None, got {weights_file!r}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     imported = to_ir(model, input_shape, input_dtype)
+    parameters = check_trainable(model, imported, trainable)  # what trains is what PyTorch trains (prep/trust.py)
     if len(imported.inputs) > 1:
         if input_normalize != "none":
             raise BuildError(f"--input-normalize is for a model with one image input; this one has "
@@ -148,6 +150,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     trunk_bytes = plan.textures[plan.tensor(trunk)].width * plan.textures[plan.tensor(trunk)].sample_rows * 16 if trunk else 0
     rep["texture_bytes_by_role"] = role_bytes(plan, storage, trunk_bytes)
     rep["trainable"] = graph.trainable_params()
+    rep["trainable_set"] = parameters
     rep["batchnorm_folded"] = sum(layer.op == "batchnorm" for layer in imported.layers)
     rep["max_batch"] = max_batch
     rep["trunk"] = trunk

@@ -265,6 +265,8 @@ def cmd_build(args) -> None:
     if rep["trainable"] != [r["name"] for layer in rep["layers"] for r in layer["params"].values()]:
         print(f"texelfit: trains {len(rep['trainable'])} of the parameter tensors ({', '.join(rep['trainable']) or 'none'}); "
               f"frozen trunk: {rep['trunk'] or 'none'}")
+    for line in trainable_set_lines(rep["trainable_set"]):
+        print(line)
     if args.prune:
         for g in rep["prune"]["groups"]:
             if g["unpruned_because"] and g["unpruned_because"] != "it is the model output":
@@ -273,6 +275,17 @@ def cmd_build(args) -> None:
             print(f"texelfit: note: --prune {args.prune:g} removed no channel: channels that reach the model output "
                   "(also through adds) stay, and small layers keep a multiple of 4 (--no-round-channels)")
     print(f"texelfit: report: {os.path.join(args.out, 'report.json')}")
+
+
+def trainable_set_lines(t: dict) -> list[str]:
+    """What the build froze and why (prep/trust.py), by name."""
+    lines = []
+    if t["frozen"]:
+        lines.append(f"texelfit: frozen by --trainable: {', '.join(t['frozen'])}")
+    if t["unused"]:
+        lines.append(f"texelfit: note: not used by the model's output, so not in the bundle (PyTorch gives them no "
+                     f"gradient either): {', '.join(t['unused'])}")
+    return lines
 
 
 def cmd_train(args) -> None:

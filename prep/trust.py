@@ -1,0 +1,92 @@
+"""What trains: the build's check that the bundle trains exactly what PyTorch would.
+
+For a PyTorch source (prep.load records its `named_parameters()` under PARAMETERS_KEY), every parameter
+must reach the IR as a trainable tensor of its own, or be accounted for:
+
+  * batch-norm's weight and bias, folded into the conv or dense layer before it (prep.fold): said once;
+  * a parameter that forward does not use (PyTorch gives it no gradient either; UNUSED_KEY): listed;
+  * a parameter that --trainable leaves out: frozen, a constant of the bundle; listed.
+
+Anything else fails the build naming the parameter and why: a parameter that the ONNX exporter computed
+into a constant (FOLDED_KEY), one that the importer reads as a constant (a table read in a way texelfit
+does not train yet), or a tied parameter (one nn.Parameter read by two layers, TIED_KEY or an
+initializer shared by two layers), which PyTorch trains as one tensor with the sum of its gradients.
+
+ONNX files declare no parameters: the check is only that what the IR trains is listed with its consumers.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+
+from .ir import Graph
+from .load import FOLDED_KEY, PARAMETERS_KEY, TIED_KEY, UNUSED_KEY, BuildError
+
+
+def declared_parameters(model) -> list[str] | None:
+    """The PyTorch source's parameter names (prep.load), or None for an ONNX file."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    return json.loads(meta[PARAMETERS_KEY]) if PARAMETERS_KEY in meta else None
+
+
+def selected(patterns: str, name: str) -> bool:
+    """Whether --trainable's patterns select `name` ("*": all, "none": none)."""
+    if patterns.strip() == "none":
+        return False
+    return any(fnmatch.fnmatchcase(name, p.strip()) for p in patterns.split(",") if p.strip())
+
+
+def check_trainable(model, graph: Graph, patterns: str) -> dict:
+    """The trainable-set check of a build (see the module's docstring). `graph` is the IR as imported (before
+    batch-norm folding); returns report.json's "parameters": {declared, batchnorm_folded, unused, frozen,
+    consumers}; raises BuildError naming every parameter that would not train as PyTorch trains it."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    declared = declared_parameters(model)
+    consumers = _consumers(model)
+    bn = sorted({n.input[k] for n in model.graph.node if n.op_type == "BatchNormalization" for k in (1, 2)
+                 if len(n.input) > k})
+    base = {name: name.split("@")[0] for name in graph.params}
+    out = {"declared": declared, "batchnorm_folded": [n for n in bn if declared is None or n in declared],
+           "consumers": {n: consumers.get(base[n], []) for n in graph.params}}
+    if declared is None:
+        return dict(out, unused=[], frozen=[n for n in graph.params if not selected(patterns, n)])
+    folded = json.loads(meta.get(FOLDED_KEY, "{}"))
+    tied = json.loads(meta.get(TIED_KEY, "{}"))
+    unused = json.loads(meta.get(UNUSED_KEY, "[]"))
+    problems: list[str] = []
+    for name in declared:
+        if name in graph.params or name in bn or name in unused or not selected(patterns, name):
+            continue
+        if name in folded:
+            why = folded[name]
+        elif consumers.get(name):
+            why = "read by " + ", ".join(f"{op} node {node!r}" for op, node in consumers[name]) + \
+                  ", which texelfit computes into a constant (this way of reading a parameter does not train yet)"
+        else:
+            why = "it does not reach the simplified graph"
+        problems.append(f"{name!r}: {why}")
+    for name in graph.params:
+        if "@" not in name or base[name] not in declared or not selected(patterns, base[name]):
+            continue
+        source = tied.get(name, base[name])
+        readers = [f"{op} node {node!r}" for op, node in consumers.get(source, []) + consumers.get(name, [])]
+        problems.append(f"{source!r}: a tied parameter (one tensor read by {', '.join(readers) or 'two layers'}), "
+                        "which PyTorch trains as one tensor with the sum of its gradients; texelfit does not train "
+                        "tied parameters yet")
+    if problems:
+        raise BuildError("these parameters would not train as they do in PyTorch: " + "; ".join(problems) +
+                         ". Leave them out of --trainable to ship them frozen (as constants), or change the model")
+    frozen = sorted({base[n] for n in graph.params if not selected(patterns, base[n])} |
+                    {n for n in declared if n not in graph.params and n not in bn and n not in unused})
+    return dict(out, unused=sorted(unused), frozen=frozen)
+
+
+def _consumers(model) -> dict[str, list[tuple[str, str]]]:
+    """initializer name -> [(op type, node name)] of the nodes that read it."""
+    inits = {i.name for i in model.graph.initializer}
+    out: dict[str, list[tuple[str, str]]] = {}
+    for node in model.graph.node:
+        for t in node.input:
+            if t in inits:
+                out.setdefault(t, []).append((node.op_type, node.name))
+    return out
