@@ -52,6 +52,27 @@ def _attrs(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+# the role of a node's input in the state_dict name of its module's parameter (nn.Conv2d's weight, ...)
+_ROLES = {"Conv": {1: "weight", 2: "bias"}, "ConvTranspose": {1: "weight", 2: "bias"}, "Gemm": {1: "weight", 2: "bias"},
+          "LayerNormalization": {1: "weight", 2: "bias"}, "MatMul": {1: "weight"}, "Add": {0: "bias", 1: "bias"}}
+
+
+def _scope_name(node, i, source: str) -> str | None:
+    """The state_dict name that the exporter's scope of `node` gives its input `i` (node '/features/features.11/
+    fc2/Conv', input 2 -> 'features.11.fc2.bias'), where the op says the role and it is the role `source` ends
+    with; else None."""
+    role = _ROLES.get(node.op_type, {}).get(i)
+    if role is None or not source.endswith("." + role) or not node.name.startswith("/"):
+        return None
+    parts: list[str] = []
+    for seg in node.name.strip("/").split("/")[:-1]:
+        if parts and seg.startswith(parts[-1] + "."):
+            parts[-1] = seg  # ('features', 'features.11'): the child's scope repeats its parent's
+        else:
+            parts.append(seg)
+    return ".".join(parts) + "." + role if parts else None
+
+
 def _where(node) -> str:
     return f"{node.op_type} node {node.name or '(unnamed)'!r}"
 
@@ -337,19 +358,30 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
         else:
             arr, name = np.asarray(consts[source], dtype=np.float32), source
         uses[source] = uses.get(source, 0) + 1
-        if uses[source] > 1:  # an initializer shared by several layers (an ONNX file may dedupe equal tensors)
-            name = f"{source}@{node.name or len(params)}"
+        if uses[source] > 1:  # an initializer shared by several layers (an ONNX file may dedupe equal tensors):
+            # untied, under the state_dict name its node's scope gives where that is free (prep/trust.py checks
+            # that a PyTorch source's sharing is no tie: there it fails the build)
+            name = _scope_name(node, i if source == node.input[i] else None, source)
+            if name is None or name in params or name in initializer_names:
+                name = f"{source}@{node.name or len(params)}"
         transposed = False
         if matmul_layout:
             transposed = source not in stored_transposed
             arr = arr if transposed else arr.T
         elif source in state_shapes:  # the state_dict tensor, exported in another shape (load.STATE_SHAPES_KEY)
             arr = arr.reshape(state_shapes[source])
-        params[name] = Param(name, np.ascontiguousarray(arr), transposed)
+        params[name] = Param(name, np.ascontiguousarray(arr), transposed, source if name != source else None)
         return name
+
+    # tensors that are a parameter itself in another shape (a reshape, or a slice that keeps all of it; onnxsim
+    # no longer folds them, prep.load): ONNX name -> the parameter's, which its readers read instead
+    param_views: dict[str, str] = {}
 
     for node in g.node:
         op, a = node.op_type, _attrs(node)
+        if any(t in param_views for t in node.input):
+            for k, t in enumerate(node.input):
+                node.input[k] = param_views.get(t, t)
         ins = list(node.input)
         out = node.output[0] if node.output else None
         if op in ("Conv", "MaxPool", "AveragePool") and ins and ins[0] not in consts and (
@@ -398,6 +430,14 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             if op == "Expand" and ins[0] in trainable_names:  # a parameter repeated over the batch: a class token
                 expanded_params[out] = ins[0]
             continue
+        if op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice") and ins[0] in trainable_names and \
+                ins[0] in initializer_names and all(t in consts for t in ins[1:] if t):
+            value = _fold(node, op, a, [consts[x] if x else None for x in ins])
+            if _strip_ones(np.shape(value)) == _strip_ones(np.shape(consts[ins[0]])):
+                # every value, in the same order, broadcasting as the parameter does (leading 1s aside)
+                param_views[out] = ins[0]
+                consts[out] = value
+                continue
         if op == "Gather" and ins[0] in trainable_names and _same_rows_each_sample(a, consts.get(ins[1])):
             # a parameter table read at constant rows, the same for every sample ([T] or [1, T] positions: a
             # position table): an embedding of constant ids, so that the table trains (prep.load never lets
@@ -856,9 +896,17 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
         raise BuildError(f"the model output {g.output[0].name!r} is not computed by any supported layer")
     layers = onnx_shape.compose_gathers(layers, output, shapes)
     order = [i.name for i in g.initializer]
-    ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[0].split("@")[0]), kv[0])))
+    ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[1].source or kv[0]), kv[0])))
     return Graph(inp.name, output, shapes, layers, ordered, inputs=tuple(i.name for i in inputs),
                  dtypes={k: v for k, v in dtypes.items() if v != "float32"})
+
+
+def _strip_ones(shape) -> tuple[int, ...]:
+    """A shape without its leading 1s (which broadcasting adds anyway)."""
+    shape = tuple(int(d) for d in shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
 
 
 def _same_rows_each_sample(a, idx) -> bool:
@@ -973,6 +1021,8 @@ def _fold(node, op, a, vals):
             return _NUMPY_FOLD[op](*[np.asarray(v) for v in vals if v is not None])
         if op == "Reshape" and not isinstance(vals[0], list):
             return np.reshape(vals[0], np.asarray(vals[1]).astype(int))
+        if op == "Transpose" and not isinstance(vals[0], list):  # (of a parameter: onnxsim no longer folds them)
+            return np.transpose(vals[0], a.get("perm"))
     except (IndexError, TypeError, ValueError) as e:
         raise BuildError(f"{_where(node)}: cannot evaluate constant subgraph: {e}") from None
     raise BuildError(f"{_where(node)}: {op} on constants only is not supported")

@@ -77,12 +77,15 @@ class Param:
     """A trainable tensor, keyed by its state_dict (ONNX initializer) name, in that layout.
 
     `transposed` marks a dense weight stored [in, out] (x @ W) rather than PyTorch's
-    Linear layout [out, in]; the texture packing reads it either way.
+    Linear layout [out, in]; the texture packing reads it either way. `source`: the ONNX initializer it
+    is a copy of, where several layers read one initializer (prep.graph unties them; prep/trust.py
+    tells a tie of a PyTorch source from an ONNX file's merge of equal values), else None.
     """
 
     name: str
     array: np.ndarray
     transposed: bool = False
+    source: str | None = None
 
     def canonical(self) -> np.ndarray:
         """Dense weights as [out, in]; everything else as stored."""

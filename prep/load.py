@@ -59,7 +59,7 @@ def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
             model = onnx.load(source)
         except Exception as e:  # onnx raises DecodeError and friends
             raise BuildError(f"{source} is not a readable ONNX file: {e}") from None
-        return simplify(model)
+        return simplify_onnx_file(model)
     module = _module_from_file(source, trust_pickle)
     if weights:
         _load_state_dict(module, weights)
@@ -214,8 +214,7 @@ def claim_parameters(model, marks: dict[str, np.ndarray], values: dict[str, np.n
             continue
         where = [i.name for i in g.initializer if i.data_type == 1 and i.name not in renames.values()
                  and np.isin(numpy_helper.to_array(i).reshape(-1), marks[n].reshape(-1)).any()]
-        folded[n] = (f"the ONNX exporter computed it into the constant {where[0]!r}" if where else
-                     "it does not reach the exported graph (forward does not use it, or computes it away)")
+        folded[n] = "the ONNX exporter computed it into a constant" + (f" ({where[0]!r})" if where else "")
     if transposed:
         _set_meta(model, TRANSPOSED_KEY, sorted(transposed))
     if reshaped:
@@ -223,6 +222,50 @@ def claim_parameters(model, marks: dict[str, np.ndarray], values: dict[str, np.n
     if tied:
         _set_meta(model, TIED_KEY, dict(sorted(tied.items())))
     return set(renames.values()), folded
+
+
+def simplify_onnx_file(model):
+    """An ONNX file: its parameters (onnx_parameters) hidden from onnxsim as a PyTorch source's are, and
+    declared (PARAMETERS_KEY, SOURCE_KEY "onnx") for the IR and the build's check of the trainable set."""
+    params = onnx_parameters(model)
+    model = simplify(model, protect=params)
+    kept = {i.name for i in model.graph.initializer}
+    _set_meta(model, PARAMETERS_KEY, sorted(p for p in params if p in kept))
+    _set_meta(model, SOURCE_KEY, "onnx")
+    return model
+
+
+# An ONNX file's initializers that are parameters by the input they feed: node type -> input slots
+_PARAMETER_SLOTS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (0, 1),
+                    "LayerNormalization": (1, 2), "BatchNormalization": (1, 2), "PRelu": (1,), "Gather": (0,)}
+# ... and by their name where they feed an elementwise op, an Expand or a Concat (a bias added after a MatMul, a
+# layer scale, a position table, a class token): any name but the exporters' own for constants
+_PARAMETER_READERS = ("Add", "Sub", "Mul", "Div", "Expand", "Concat")
+
+
+def onnx_parameters(model) -> list[str]:
+    """The float initializers of an ONNX file that are parameters: weights, biases, scales, embeddings, tokens and
+    position tables. An ONNX file does not say which of its initializers PyTorch trained, so: every float
+    initializer that a conv, a Gemm, a MatMul, a norm's scale or bias, a PReLU slope or a Gather's table reads,
+    and every one named as a state_dict entry is (not onnx::Op_N, /scope/..._output_0, _v_N or val_N) that an
+    elementwise op, an Expand or a Concat reads. A buffer of that kind (a registered sinusoidal table) is taken
+    for a parameter: build --trainable leaves it out."""
+    from onnx import TensorProto
+
+    floats = {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT}
+    out = set()
+    for node in model.graph.node:
+        for k, t in enumerate(node.input):
+            if t not in floats:
+                continue
+            if k in _PARAMETER_SLOTS.get(node.op_type, ()) or (node.op_type in _PARAMETER_READERS and _named(t)):
+                out.add(t)
+    return sorted(out)
+
+
+def _named(t: str) -> bool:
+    """Whether an initializer's name is a state_dict name rather than one an exporter made up for a constant."""
+    return not ("::" in t or t.startswith(("/", "_v_", "val_")) or t.endswith("_output_0"))
 
 
 def _padding_indices(module) -> dict[str, int]:
@@ -483,6 +526,8 @@ PADDING_IDX_KEY = "texelfit.padding_idx"
 # {parameter: why}: the parameters of a PyTorch source that did not reach the exported graph as
 # themselves (export_simplified); the build fails naming them unless --trainable freezes them
 FOLDED_KEY = "texelfit.folded_parameters"
+# "onnx" for an ONNX file, whose parameters (PARAMETERS_KEY) are onnx_parameters(); absent for a PyTorch source
+SOURCE_KEY = "texelfit.source"
 # the parameters of a PyTorch source that its output does not depend on (no gradient in PyTorch either)
 UNUSED_KEY = "texelfit.unused_parameters"
 # {NAME@tied: NAME}: a parameter found twice among the initializers (tied weights in two layouts)

@@ -12,7 +12,9 @@ into a constant (FOLDED_KEY), one that the importer reads as a constant (a table
 does not train yet), or a tied parameter (one nn.Parameter read by two layers, TIED_KEY or an
 initializer shared by two layers), which PyTorch trains as one tensor with the sum of its gradients.
 
-ONNX files declare no parameters: the check is only that what the IR trains is listed with its consumers.
+An ONNX file declares no parameters: prep.load takes its initializers that are parameters by what reads
+them (load.onnx_parameters), and the same check applies, except that an initializer several layers read is
+untied (the exporter merged tensors of equal value), each copy named by its node's scope where it can be.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import fnmatch
 import json
 
 from .ir import Graph
-from .load import FOLDED_KEY, PARAMETERS_KEY, TIED_KEY, UNUSED_KEY, BuildError
+from .load import FOLDED_KEY, PARAMETERS_KEY, SOURCE_KEY, TIED_KEY, UNUSED_KEY, BuildError
 
 
 def declared_parameters(model) -> list[str] | None:
@@ -38,21 +40,18 @@ def selected(patterns: str, name: str) -> bool:
 
 def check_trainable(model, graph: Graph, patterns: str) -> dict:
     """The trainable-set check of a build (see the module's docstring). `graph` is the IR as imported (before
-    batch-norm folding); returns report.json's "parameters": {declared, batchnorm_folded, unused, frozen,
-    consumers}; raises BuildError naming every parameter that would not train as PyTorch trains it."""
+    batch-norm folding); returns report.json's "trainable_set": {declared, batchnorm_folded, unused, frozen,
+    untied, consumers}; raises BuildError naming every parameter that would not train as PyTorch trains it."""
     meta = {p.key: p.value for p in model.metadata_props}
-    declared = declared_parameters(model)
+    declared = declared_parameters(model) or []
+    onnx_file = meta.get(SOURCE_KEY) == json.dumps("onnx")
     consumers = _consumers(model)
     bn = sorted({n.input[k] for n in model.graph.node if n.op_type == "BatchNormalization" for k in (1, 2)
                  if len(n.input) > k})
-    base = {name: name.split("@")[0] for name in graph.params}
-    out = {"declared": declared, "batchnorm_folded": [n for n in bn if declared is None or n in declared],
-           "consumers": {n: consumers.get(base[n], []) for n in graph.params}}
-    if declared is None:
-        return dict(out, unused=[], frozen=[n for n in graph.params if not selected(patterns, n)])
     folded = json.loads(meta.get(FOLDED_KEY, "{}"))
     tied = json.loads(meta.get(TIED_KEY, "{}"))
     unused = json.loads(meta.get(UNUSED_KEY, "[]"))
+    source = {n: p.source or tied.get(n) or n for n, p in graph.params.items()}
     problems: list[str] = []
     for name in declared:
         if name in graph.params or name in bn or name in unused or not selected(patterns, name):
@@ -65,20 +64,23 @@ def check_trainable(model, graph: Graph, patterns: str) -> dict:
         else:
             why = "it does not reach the simplified graph"
         problems.append(f"{name!r}: {why}")
-    for name in graph.params:
-        if "@" not in name or base[name] not in declared or not selected(patterns, base[name]):
-            continue
-        source = tied.get(name, base[name])
-        readers = [f"{op} node {node!r}" for op, node in consumers.get(source, []) + consumers.get(name, [])]
-        problems.append(f"{source!r}: a tied parameter (one tensor read by {', '.join(readers) or 'two layers'}), "
-                        "which PyTorch trains as one tensor with the sum of its gradients; texelfit does not train "
-                        "tied parameters yet")
+    untied = {n: source[n] for n in graph.params if source[n] != n}
+    if not onnx_file:  # a PyTorch source's parameters are never merged for their values: a shared one is tied
+        for copy, src in untied.items():
+            if src in declared and not selected(patterns, src):
+                continue
+            readers = [f"{op} node {node!r}" for op, node in consumers.get(src, []) + consumers.get(copy, [])]
+            problems.append(f"{src!r}: a tied parameter (one tensor read by {', '.join(readers) or 'two layers'}), "
+                            "which PyTorch trains as one tensor with the sum of its gradients; texelfit does not "
+                            "train tied parameters yet")
     if problems:
         raise BuildError("these parameters would not train as they do in PyTorch: " + "; ".join(problems) +
                          ". Leave them out of --trainable to ship them frozen (as constants), or change the model")
-    frozen = sorted({base[n] for n in graph.params if not selected(patterns, base[n])} |
-                    {n for n in declared if n not in graph.params and n not in bn and n not in unused})
-    return dict(out, unused=sorted(unused), frozen=frozen)
+    frozen = {source[n] for n in graph.params if not selected(patterns, source[n]) and not selected(patterns, n)}
+    frozen |= {n for n in declared if n not in graph.params and n not in bn and n not in unused}
+    return {"declared": declared, "batchnorm_folded": [n for n in bn if n in declared], "unused": sorted(unused),
+            "frozen": sorted(frozen), "untied": untied if onnx_file else {},
+            "consumers": {n: [list(c) for c in consumers.get(source[n], [])] for n in graph.params}}
 
 
 def _consumers(model) -> dict[str, list[tuple[str, str]]]:

@@ -16,8 +16,10 @@ they are, the mean of the unmasked tokens, and `F.normalize`. `check()` compares
 `SentenceTransformer.encode`.
 
 The first T rows of the position table become a parameter of their own, `position_embeddings` [T, 384]
-(a constant that large could not be baked into a kernel, and as a parameter it can train); every other
-parameter keeps BertModel's state_dict name under `bert.` (`bert.encoder.layer.5.output.dense.weight`).
+(a constant that large could not be baked into a kernel, and as a parameter it can train); the row of token
+type 0 becomes a buffer, `token_type_0` (the only row read; BertModel would train that row, here it is a
+constant); every other parameter keeps BertModel's state_dict name under `bert.`
+(`bert.encoder.layer.5.output.dense.weight`).
 """
 from __future__ import annotations
 
@@ -64,11 +66,15 @@ class MiniLMEncoder(nn.Module):
         emb = bert.embeddings
         self.position_embeddings = nn.Parameter(emb.position_embeddings.weight[:max_tokens].detach().clone())
         del emb.position_embeddings  # its first rows are the parameter above; the rest is unused
+        # token type 0 of every token: a constant row (a buffer), not a parameter, so that what trains is what
+        # named_parameters() says (the build checks it: prep/trust.py)
+        self.register_buffer("token_type_0", emb.token_type_embeddings.weight[0].detach().clone())
+        del emb.token_type_embeddings
 
     def forward(self, input_ids, attention_mask):
         e = self.bert.embeddings
         t = input_ids.shape[1]
-        h = e.word_embeddings(input_ids) + self.position_embeddings[:t] + e.token_type_embeddings.weight[0]
+        h = e.word_embeddings(input_ids) + self.position_embeddings[:t] + self.token_type_0
         h = e.LayerNorm(h)
         m = attention_mask.to(h.dtype)
         additive = (1.0 - m[:, None, None, :]) * torch.finfo(h.dtype).min
