@@ -53,13 +53,11 @@ def load_onnx(source: str, *, weights: str | None = None, input_shape=None,
     if not os.path.exists(source):
         raise BuildError(f"source not found: {source}")
     if source.endswith(".onnx"):
-        if weights:
-            raise BuildError("--weights is for PyTorch sources; an ONNX file carries its own weights")
         try:
             model = onnx.load(source)
         except Exception as e:  # onnx raises DecodeError and friends
             raise BuildError(f"{source} is not a readable ONNX file: {e}") from None
-        return simplify_onnx_file(model)
+        return simplify_onnx_file(model, _read_state_dict(weights) if weights else None)
     module = _module_from_file(source, trust_pickle)
     if weights:
         _load_state_dict(module, weights)
@@ -224,9 +222,16 @@ def claim_parameters(model, marks: dict[str, np.ndarray], values: dict[str, np.n
     return set(renames.values()), folded
 
 
-def simplify_onnx_file(model):
+def simplify_onnx_file(model, state: dict | None = None):
     """An ONNX file: its parameters (onnx_parameters) hidden from onnxsim as a PyTorch source's are, and
-    declared (PARAMETERS_KEY, SOURCE_KEY "onnx") for the IR and the build's check of the trainable set."""
+    declared (PARAMETERS_KEY, SOURCE_KEY "onnx") for the IR and the build's check of the trainable set.
+    `state`: the module's state_dict (build --weights), which names back by value the initializers the
+    exporter renamed (a transposed Linear weight, `onnx::MatMul_N`); its keys are recorded (STATE_KEYS_KEY)
+    so that the report can list the names that could not be recovered. Its values are not loaded: an ONNX
+    file carries its own."""
+    if state is not None:
+        model = restore_state_dict_names(model, {k: v.detach().cpu().numpy() for k, v in state.items()})
+        _set_meta(model, STATE_KEYS_KEY, sorted(state))
     params = onnx_parameters(model)
     model = simplify(model, protect=params)
     kept = {i.name for i in model.graph.initializer}
@@ -343,6 +348,14 @@ def _module_from_factory(spec: str, weights: str | None):
 
 
 def _load_state_dict(module, path: str):
+    state = _read_state_dict(path)
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise BuildError(f"--weights {path} does not fit the model: {' '.join(str(e).split())}") from None
+
+
+def _read_state_dict(path: str) -> dict:
     import torch
 
     try:
@@ -354,10 +367,7 @@ def _load_state_dict(module, path: str):
         raise BuildError(f"cannot read --weights {path}: {e}") from None
     if not isinstance(state, dict):
         raise BuildError(f"--weights {path} holds a {type(state).__name__}, not a state_dict")
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise BuildError(f"--weights {path} does not fit the model: {' '.join(str(e).split())}") from None
+    return state
 
 
 def _module_from_file(path: str, trust_pickle: bool):
@@ -528,6 +538,9 @@ PADDING_IDX_KEY = "texelfit.padding_idx"
 FOLDED_KEY = "texelfit.folded_parameters"
 # "onnx" for an ONNX file, whose parameters (PARAMETERS_KEY) are onnx_parameters(); absent for a PyTorch source
 SOURCE_KEY = "texelfit.source"
+# an ONNX file's build --weights: the state_dict keys its initializers were named back to (the report lists the
+# trainable tensors whose names are not among them)
+STATE_KEYS_KEY = "texelfit.state_keys"
 # the parameters of a PyTorch source that its output does not depend on (no gradient in PyTorch either)
 UNUSED_KEY = "texelfit.unused_parameters"
 # {NAME@tied: NAME}: a parameter found twice among the initializers (tied weights in two layouts)

@@ -22,7 +22,7 @@ import fnmatch
 import json
 
 from .ir import Graph
-from .load import FOLDED_KEY, PARAMETERS_KEY, SOURCE_KEY, TIED_KEY, UNUSED_KEY, BuildError
+from .load import FOLDED_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_KEYS_KEY, TIED_KEY, UNUSED_KEY, BuildError
 
 
 def declared_parameters(model) -> list[str] | None:
@@ -78,8 +78,11 @@ def check_trainable(model, graph: Graph, patterns: str) -> dict:
                          ". Leave them out of --trainable to ship them frozen (as constants), or change the model")
     frozen = {source[n] for n in graph.params if not selected(patterns, source[n]) and not selected(patterns, n)}
     frozen |= {n for n in declared if n not in graph.params and n not in bn and n not in unused}
+    keys = json.loads(meta[STATE_KEYS_KEY]) if STATE_KEYS_KEY in meta else None
     return {"declared": declared, "batchnorm_folded": [n for n in bn if n in declared], "unused": sorted(unused),
             "frozen": sorted(frozen), "untied": untied if onnx_file else {},
+            # an ONNX file's trainable tensors whose names are no key of the state_dict given (--weights)
+            "unrecovered": [n for n in graph.params if n not in keys] if keys is not None else None,
             "consumers": {n: [list(c) for c in consumers.get(source[n], [])] for n in graph.params}}
 
 

@@ -220,3 +220,88 @@ def test_fresh_models_train_like_pytorch(web, site, case, opt, backend):
     make.__name__ = f"fresh_{case}_{opt}"
     check_training(web, site, make, shape, opt, "cross_entropy", samples=6, batch_size=2, epochs=1, tol_w=TRAJ_W,
                    tol_loss=TRAJ_LOSS, seed=11, options=backend, max_batch=4, ids=ids, noise=noise)
+
+
+def _fresh_torchvision_vit():
+    """test_vit.py's torchvision-style ViT with torchvision's initial values: the class token and every bias
+    zeros, the norms ones (so the exporter merges them into a few initializers)."""
+    from test_vit import TorchvisionStyleViT
+
+    torch.manual_seed(0)
+    m = TorchvisionStyleViT()
+    with torch.no_grad():
+        m.class_token.zero_()
+        for mod in m.modules():
+            if isinstance(mod, nn.LayerNorm):
+                mod.weight.fill_(1.0)
+                mod.bias.zero_()
+            elif isinstance(mod, nn.MultiheadAttention):
+                mod.in_proj_bias.zero_()
+                mod.out_proj.bias.zero_()
+            elif isinstance(mod, nn.Linear):
+                mod.bias.zero_()
+    return m
+
+
+@pytest.fixture(scope="module")
+def user_onnx_vit(tmp_path_factory):
+    """The ViT exported by its user (the legacy exporter, opset 17, constant folding on), its state_dict beside."""
+    folder = tmp_path_factory.mktemp("user_vit")
+    m = _fresh_torchvision_vit().eval()
+    torch.onnx.export(m, torch.randn(1, *IMAGE), str(folder / "vit.onnx"), dynamo=False, opset_version=17,
+                      input_names=["input"], output_names=["output"],
+                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    torch.save(m.state_dict(), folder / "vit.pt")
+    return folder
+
+
+def test_a_user_exported_onnx_file_trains_every_initializer_used_as_a_parameter(user_onnx_vit):
+    """Every initializer used as a parameter trains, the merged ones untied (as many trainable tensors as the
+    module has parameters); with --weights the transposed Linear weights get their state_dict names back, and
+    the report lists the untied copies whose names could not be recovered."""
+    from texelfit.prep.load import load_onnx
+
+    m = _fresh_torchvision_vit()
+    names = [n for n, _ in m.named_parameters()]
+    plain = compile_onnx(load_onnx(str(user_onnx_vit / "vit.onnx")), name="v", max_batch=4)
+    assert len(plain.report["trainable"]) == len(names)
+    assert plain.report["trainable_set"]["untied"]  # zeros and ones merged by the exporter
+    assert any(n.startswith("onnx::MatMul") for n in plain.report["trainable"])
+    named = compile_onnx(load_onnx(str(user_onnx_vit / "vit.onnx"), weights=str(user_onnx_vit / "vit.pt")),
+                         name="v", max_batch=4)
+    assert len(named.report["trainable"]) == len(names)
+    assert not any(n.startswith("onnx::") for n in named.report["trainable"])
+    unrecovered = named.report["trainable_set"]["unrecovered"]
+    assert sorted(set(named.report["trainable"]) - set(unrecovered)) == sorted(set(names) & set(named.report["trainable"]))
+    assert set(unrecovered) <= set(named.report["trainable_set"]["untied"])
+    for n in named.report["trainable"]:
+        assert named.report["trainable_set"]["consumers"][n], n
+
+
+@pytest.mark.parametrize("opt", ["sgd_momentum_wd", "adam"])
+def test_a_user_exported_onnx_file_trains_like_pytorch(web, site, user_onnx_vit, opt):
+    """3 steps: the losses are PyTorch's (an untied copy left untrained would change them from the second step
+    on), and every tensor under a state_dict name ends where PyTorch's does."""
+    import numpy as np
+
+    from helpers import FIT, OPTIMIZERS, assert_close, run_model, torch_fit
+    from texelfit.prep.load import load_onnx
+
+    result = compile_onnx(load_onnx(str(user_onnx_vit / "vit.onnx"), weights=str(user_onnx_vit / "vit.pt")),
+                          name="v", max_batch=4)
+    url = f"{site.add_files(f'user_vit_{opt}', result.files)}/v.js"
+    m = _fresh_torchvision_vit()
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn((6,) + IMAGE, generator=g), torch.randint(0, 5, (6,), generator=g)
+    cfg = OPTIMIZERS[opt]
+    got = run_model(web, url, FIT, {"x": x.reshape(-1).tolist(), "y": y.tolist(), "loss": "cross_entropy",
+                                    "optimizer": cfg, "batchSize": 2, "epochs": 1, "shuffle": False, "ids": False})
+    ref = torch_fit(m, x, y, "cross_entropy", cfg, 2, 1)
+    assert_close(f"{opt} losses", got["loss"], ref, **TRAJ_LOSS)
+    noise = {"blocks.0.self_attention.in_proj_bias", "blocks.1.self_attention.in_proj_bias"}
+    compared = 0
+    for n, p in m.named_parameters():
+        if n in got["weights"] and not (opt == "adam" and n in noise):  # (the key's bias: rounding noise, above)
+            assert_close(f"{opt} {n}", np.asarray(got["weights"][n]), p.detach().numpy(), **TRAJ_W)
+            compared += 1
+    assert compared >= 17

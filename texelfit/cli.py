@@ -282,6 +282,13 @@ def trainable_set_lines(t: dict) -> list[str]:
     lines = []
     if t["frozen"]:
         lines.append(f"texelfit: frozen by --trainable: {', '.join(t['frozen'])}")
+    if t["untied"]:
+        lines.append(f"texelfit: note: {len(t['untied'])} initializer(s) of the ONNX file read by several layers (the "
+                     f"exporter merged tensors of equal value) train as tensors of their own: "
+                     f"{', '.join(f'{k} (from {v})' for k, v in t['untied'].items())}")
+    if t["unrecovered"]:
+        lines.append(f"texelfit: note: trainable tensors whose names are no key of --weights' state_dict: "
+                     f"{', '.join(t['unrecovered'])}")
     if t["unused"]:
         lines.append(f"texelfit: note: not used by the model's output, so not in the bundle (PyTorch gives them no "
                      f"gradient either): {', '.join(t['unused'])}")
