@@ -11,7 +11,9 @@ The runtime is a small interpreter over what this module returns:
     features / cached trunk         forward[:trunkPasses] (the frozen trunk, Graph.trunk), and the head:
                                     forward[trunkPasses:]
 
-Only trainable parameters (Graph.trainable) have optimizer passes; with none, there is no loss
+A parameter several layers read (a tied one, layout.param_grad_parts) has each reader's gradient written apart
+(pgrad0:P, pgrad1:P, ...: passes of train_backward too) and their sum last in the backward (pgrad:P), the
+pass whose kernel its optimizer includes. Only trainable parameters (Graph.trainable) have optimizer passes; with none, there is no loss
 either. The backward has passes only for tensors that depend on a trainable parameter.
 
 A pass is {kernel, inputs (texture per sampler, in the kernel's order),
@@ -68,6 +70,9 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
         if out in plan.grad_sums:  # every consumer has contributed: add them up
             s.backward.append(ops.grad_sum(out, plan.grad_sums[out], plan))
         s.backward += ops.backward(layer, graph, plan)
+
+    for name, readers in plan.param_grad_parts.items():  # a tied parameter: the sum of its readers' gradients
+        s.backward.append(ops.param_grad_sum(name, len(readers)))
 
     out_spec: TextureSpec = tex[plan.tensor(graph.loss_input())]
     for loss in ops.LOSSES:

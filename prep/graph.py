@@ -11,6 +11,7 @@ are followed as views (prep/batch_axis.py) until an op reads the tensor.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -20,8 +21,8 @@ from . import elementwise as ew
 from .elementwise import BY_ONNX
 from .ir import Graph, Layer, Param
 from . import onnx_shape, resample
-from .load import INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, STATE_SHAPES_KEY, TRANSPOSED_KEY, BuildError, \
-    initializer_arrays
+from .load import INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_SHAPES_KEY, TIED_KEY, \
+    TRANSPOSED_KEY, BuildError, initializer_arrays
 from .shape import Constant, chain_shape, part_shape
 
 N = "N"  # the batch dimension in symbolic shape values
@@ -188,6 +189,8 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
     initializer_names = {init.name for init in g.initializer}
     meta = {p.key: p.value for p in model.metadata_props}
     stored_transposed = set(json.loads(meta.get(TRANSPOSED_KEY, "[]")))
+    tied = json.loads(meta.get(TIED_KEY, "{}"))  # {NAME@tied: NAME}: a tied parameter's copy in another layout
+    onnx_file = meta.get(SOURCE_KEY) == json.dumps("onnx") or PARAMETERS_KEY not in meta
     trainable_names = set(json.loads(meta.get(PARAMETERS_KEY, "[]")))
     state_shapes = json.loads(meta.get(STATE_SHAPES_KEY, "{}"))
     padding_idx = json.loads(meta.get(PADDING_IDX_KEY, "{}"))
@@ -357,20 +360,27 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             name = source = node.input[i]
         else:
             arr, name = np.asarray(consts[source], dtype=np.float32), source
-        uses[source] = uses.get(source, 0) + 1
-        if uses[source] > 1:  # an initializer shared by several layers (an ONNX file may dedupe equal tensors):
-            # untied, under the state_dict name its node's scope gives where that is free (prep/trust.py checks
-            # that a PyTorch source's sharing is no tie: there it fails the build)
-            name = _scope_name(node, i if source == node.input[i] else None, source)
-            if name is None or name in params or name in initializer_names:
-                name = f"{source}@{node.name or len(params)}"
         transposed = False
         if matmul_layout:
             transposed = source not in stored_transposed
             arr = arr if transposed else arr.T
         elif source in state_shapes:  # the state_dict tensor, exported in another shape (load.STATE_SHAPES_KEY)
             arr = arr.reshape(state_shapes[source])
-        params[name] = Param(name, np.ascontiguousarray(arr), transposed, source if name != source else None)
+        arr = np.ascontiguousarray(arr)
+        uses[source] = uses.get(source, 0) + 1
+        owner = tied.get(source, source)  # (a tied parameter's copy in another layout: the parameter)
+        if not onnx_file and owner in params and params[owner].transposed == transposed and \
+                np.array_equal(params[owner].array, arr):
+            return owner  # a PyTorch source's tied parameter: one tensor (untie_unsupported splits it if need be)
+        if not onnx_file and owner not in params:
+            name = owner
+        elif uses[source] > 1 or owner != source:
+            # an initializer shared by several layers (an ONNX file may dedupe equal tensors): untied, under the
+            # state_dict name its node's scope gives where that is free (a PyTorch source's: prep/trust.py fails)
+            name = _scope_name(node, i if source == node.input[i] else None, source)
+            if name is None or name in params or name in initializer_names:
+                name = f"{owner}@{node.name or len(params)}"
+        params[name] = Param(name, arr, transposed, owner if name != owner else None)
         return name
 
     # tensors that are a parameter itself in another shape (a reshape, or a slice that keeps all of it; onnxsim
@@ -895,10 +905,42 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
     if output not in shapes or output in {i.name for i in inputs}:
         raise BuildError(f"the model output {g.output[0].name!r} is not computed by any supported layer")
     layers = onnx_shape.compose_gathers(layers, output, shapes)
+    layers = untie_unsupported(layers, params)
     order = [i.name for i in g.initializer]
     ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[1].source or kv[0]), kv[0])))
     return Graph(inp.name, output, shapes, layers, ordered, inputs=tuple(i.name for i in inputs),
                  dtypes={k: v for k, v in dtypes.items() if v != "float32"})
+
+
+def untie_unsupported(layers: list[Layer], params: dict[str, Param]) -> list[Layer]:
+    """A PyTorch source's tied parameter (one tensor read by several layers) trains as one tensor with the sum of
+    its gradients where its readers can share one texture: token embeddings and token-wise matmuls (GPT-2's
+    wte and its head, which then reads the table's layout: matmul attrs["weight_rows"] = "out", [O rows, I
+    packed], and has no bias). Other ties are split back into copies (PARAM@LAYER, Param.source), which the
+    build's check of the trainable set (prep/trust.py) names unless --trainable freezes them."""
+    readers: dict[str, list[int]] = {}
+    for k, layer in enumerate(layers):
+        for n in set(layer.params.values()):
+            readers.setdefault(n, []).append(k)
+    out = list(layers)
+    for n, ks in readers.items():
+        if len(ks) < 2:
+            continue
+        group = [out[k] for k in ks]
+        roles = [next(r for r, m in l.params.items() if m == n) for l in group]
+        mixed = {l.op for l in group} == {"embedding", "matmul"}
+        if all(r == "weight" and (l.op == "embedding" or (l.op == "matmul" and "bias" not in l.params))
+               for l, r in zip(group, roles)) and len({l.op for l in group}) <= 2:
+            if mixed:
+                for k in ks:
+                    if out[k].op == "matmul":
+                        out[k] = dataclasses.replace(out[k], attrs=dict(out[k].attrs, weight_rows="out"))
+            continue
+        for k, role in zip(ks[1:], roles[1:]):  # the first reader keeps the name
+            copy = f"{n}@{out[k].name}"
+            params[copy] = dataclasses.replace(params[n], name=copy, source=n)
+            out[k] = dataclasses.replace(out[k], params=dict(out[k].params, **{role: copy}))
+    return out
 
 
 def _strip_ones(shape) -> tuple[int, ...]:

@@ -431,6 +431,9 @@ class LayoutPlan:
     # layer: its grad_input writes dz:X, the gradient before the activation, itself (times act'(X)),
     # and the producer has no activation_grad pass (one pass a step fewer). X -> (act, its attrs)
     act_grad_fused: dict[str, tuple[str, dict]] = field(default_factory=dict)
+    # a trainable parameter read by several layers (a tied one, prep.graph) -> those layers' names: layer j's
+    # gradient is written to pgrad{j}:P and their sum to pgrad:P (codegen/ops/common.py: param_grad)
+    param_grad_parts: dict[str, list[str]] = field(default_factory=dict)
 
     def tensor(self, name: str) -> str:
         """The activation texture holding tensor `name`."""
@@ -465,6 +468,7 @@ def shares_gradient(layer, k: int, graph: Graph) -> bool:
 
 def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     textures: dict[str, TextureSpec] = {}
+    param_grad_parts: dict[str, list[str]] = {}
 
     def add(spec: TextureSpec):
         textures[spec.name] = spec
@@ -575,6 +579,11 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         if role == "bias" or layer.op == "layernorm":  # per feature vectors: one row
             packing = matrix_packing(1, p.array.size)
             height = 1
+        elif layer.op == "matmul" and layer.attrs.get("weight_rows") == "out":
+            # a tied embedding table read as the weight [O, I]: the table's layout, I in the texel (prep.graph)
+            o, i = p.canonical().shape
+            packing = matrix_packing(o, i)
+            height = o
         elif layer.op == "matmul":  # B[I, O] of x @ B, O in the texel (canonical() is [O, I])
             o, i = p.canonical().shape
             packing = matrix_packing(i, o, not p.transposed)
@@ -601,6 +610,11 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         for role_name, prefix in (("param", "param:"), ("param_grad", "pgrad:"), ("state", "m:"), ("state", "v:")):
             add(TextureSpec(prefix + p.name, role_name, tuple(p.array.shape), packing, height,
                             double=role_name in ("param", "state")))
+        readers = [l.name for l in graph.layers if p.name in l.params.values()]
+        if len(readers) > 1:  # a tied parameter: each reader's gradient apart, then their sum (pgrad:)
+            param_grad_parts[p.name] = readers
+            for j in range(len(readers)):
+                add(TextureSpec(f"pgrad{j}:{p.name}", "param_grad", tuple(p.array.shape), packing, height))
         if role == "weight" and weight_grad_blocked(layer, graph, max_batch):
             # its gradient is blocked too: rows 8*r + t of dW in row r of blk{t}
             rows = height // SAMPLE_BLOCK
@@ -615,7 +629,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     per_sample("targets", "targets", graph.loss_input())
     ring = matrix_packing(1, 4 * LOSS_RING)
     add(TextureSpec("loss", "loss", (LOSS_RING,), ring, 1))
-    return LayoutPlan(textures, act_alias, grad_targets, grad_sums, grad_alias, needs, act_grad_fused)
+    return LayoutPlan(textures, act_alias, grad_targets, grad_sums, grad_alias, needs, act_grad_fused,
+                      param_grad_parts)
 
 
 def check_layout(plan: LayoutPlan) -> None:

@@ -10,7 +10,9 @@ must reach the IR as a trainable tensor of its own, or be accounted for:
 Anything else fails the build naming the parameter and why: a parameter that the ONNX exporter computed
 into a constant (FOLDED_KEY), one that the importer reads as a constant (a table read in a way texelfit
 does not train yet), or a tied parameter (one nn.Parameter read by two layers, TIED_KEY or an
-initializer shared by two layers), which PyTorch trains as one tensor with the sum of its gradients.
+initializer shared by two layers), which PyTorch trains as one tensor with the sum of its gradients, where
+its readers cannot share one texture (prep.graph.untie_unsupported: a token embedding and token-wise matmuls,
+GPT-2's tied embedding and head, can, and train so).
 
 An ONNX file declares no parameters: prep.load takes its initializers that are parameters by what reads
 them (load.onnx_parameters), and the same check applies, except that an initializer several layers read is
@@ -71,16 +73,23 @@ def check_trainable(model, graph: Graph, patterns: str) -> dict:
                 continue
             readers = [f"{op} node {node!r}" for op, node in consumers.get(src, []) + consumers.get(copy, [])]
             problems.append(f"{src!r}: a tied parameter (one tensor read by {', '.join(readers) or 'two layers'}), "
-                            "which PyTorch trains as one tensor with the sum of its gradients; texelfit does not "
-                            "train tied parameters yet")
+                            "which PyTorch trains as one tensor with the sum of its gradients; texelfit trains a tied "
+                            "parameter so only where token embeddings and token-wise matmuls read it (a language "
+                            "model's tied embedding and head), not here")
     if problems:
         raise BuildError("these parameters would not train as they do in PyTorch: " + "; ".join(problems) +
                          ". Leave them out of --trainable to ship them frozen (as constants), or change the model")
     frozen = {source[n] for n in graph.params if not selected(patterns, source[n]) and not selected(patterns, n)}
     frozen |= {n for n in declared if n not in graph.params and n not in bn and n not in unused}
     keys = json.loads(meta[STATE_KEYS_KEY]) if STATE_KEYS_KEY in meta else None
+    readers: dict[str, list[str]] = {}
+    for layer in graph.layers:
+        for n in set(layer.params.values()):
+            readers.setdefault(n, []).append(layer.name)
     return {"declared": declared, "batchnorm_folded": [n for n in bn if n in declared], "unused": sorted(unused),
             "frozen": sorted(frozen), "untied": untied if onnx_file else {},
+            # a tied parameter, one tensor several layers read (it trains on the sum of their gradients): its readers
+            "tied": {n: r for n, r in readers.items() if len(r) > 1},
             # an ONNX file's trainable tensors whose names are no key of the state_dict given (--weights)
             "unrecovered": [n for n in graph.params if n not in keys] if keys is not None else None,
             "consumers": {n: [list(c) for c in consumers.get(source[n], [])] for n in graph.params}}

@@ -128,21 +128,49 @@ def test_fresh_models_train_every_parameter(case):
                                    ir.p[key(n)].grad.T.reshape(p.shape), p.grad, atol=1e-5, rtol=1e-4, msg=n)
 
 
-def test_a_tied_parameter_fails_the_build_naming_it_and_builds_frozen():
-    """GPT-2's lm_head.weight is transformer.wte.weight: texelfit does not train a tied parameter as one tensor
-    yet, so the build names it; left out of --trainable it ships frozen, and everything else trains, the position
-    table (read at constant positions) included."""
+def test_a_tied_embedding_and_head_train_as_one_tensor():
+    """GPT-2's lm_head.weight is transformer.wte.weight: one trainable tensor, read by the embedding and (in the
+    table's layout) by the head's matmul, whose gradient is the sum of both; the position table (read at constant
+    positions) trains too. The IR in PyTorch gives the module's gradient of the tied weight."""
     torch.manual_seed(0)
     m = gpt2().eval()
     onnx_model = export_simplified(m, TOKENS, input_dtype="int64")
-    with pytest.raises(BuildError, match=r"'m\.transformer\.wte\.weight': a tied parameter"):
-        compile_onnx(onnx_model, name="m", input_shape=TOKENS, max_batch=4)
+    result = compile_onnx(onnx_model, name="m", input_shape=TOKENS, max_batch=4)
     names = [n for n, _ in m.named_parameters()]
-    others = [n for n in names if n != "m.transformer.wte.weight"]
-    result = compile_onnx(onnx_model, name="m", input_shape=TOKENS, max_batch=4, trainable=",".join(others))
-    assert sorted(result.report["trainable"]) == sorted(others)
-    assert "m.transformer.wpe.weight" in result.report["trainable"]
-    assert result.report["trainable_set"]["frozen"] == ["m.transformer.wte.weight"]
+    assert sorted(result.report["trainable"]) == sorted(names)
+    wte = "m.transformer.wte.weight"
+    assert len(result.report["trainable_set"]["tied"][wte]) == 2
+    g = to_ir(onnx_model, TOKENS, "int64")
+    x = _sample(TOKENS, 30)
+    ir = IRModule(g)
+    got, ref = ir(x.float()), m(x)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-4)
+    got.square().sum().backward()
+    ref.square().sum().backward()
+    torch.testing.assert_close(ir.p[key(wte)].grad, m.m.transformer.wte.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+class LinearTwice(nn.Module):
+    """One Linear applied twice on (F,) data: a tie of two dense layers, which texelfit does not train as one."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.fc(torch.relu(self.fc(x)))))
+
+
+def test_a_tie_texelfit_cannot_train_fails_the_build_naming_it_and_builds_frozen():
+    torch.manual_seed(0)
+    m = LinearTwice().eval()
+    onnx_model = export_simplified(m, (8,))
+    with pytest.raises(BuildError, match=r"'fc\.weight': a tied parameter"):
+        compile_onnx(onnx_model, name="m", input_shape=(8,), max_batch=4)
+    result = compile_onnx(onnx_model, name="m", input_shape=(8,), max_batch=4, trainable="out.*")
+    assert sorted(result.report["trainable"]) == ["out.bias", "out.weight"]
+    assert result.report["trainable_set"]["frozen"] == ["fc.bias", "fc.weight"]
 
 
 def test_a_parameter_read_as_a_constant_fails_the_build_naming_it():
@@ -198,6 +226,22 @@ def test_export_is_deterministic_and_keeps_real_values():
     inits = {i.name: numpy_helper.to_array(i) for i in a.graph.initializer}
     assert np.array_equal(inits["layer.self_attn.in_proj_bias"], np.zeros(48, np.float32))
     assert np.array_equal(inits["layer.norm1.weight"], np.ones(16, np.float32))
+
+
+@pytest.mark.parametrize("opt,backend", [("sgd_momentum_wd", None), ("adam", None), ("sgd", {"backend": "cpu"}),
+                                         ("adam", {"precision": "rgba8"})])
+def test_a_tied_gpt2_trains_like_pytorch(web, site, opt, backend):
+    """3 steps of a freshly initialised GPT-2 (tied embedding and head, zero biases, position table): every
+    parameter, the tied one under its one name, ends where PyTorch's does."""
+    noise = {"m.transformer.h.0.attn.c_attn.bias": slice(16, 32)} if opt == "adam" else None  # (the key's bias)
+
+    def make():
+        return gpt2()
+
+    make.__name__ = f"fresh_gpt2_{opt}_{len(backend or {})}{sorted(backend or {})}".replace("[", "").replace("]", "").replace("'", "")
+    got = check_training(web, site, make, TOKENS, opt, "cross_entropy", samples=6, batch_size=2, epochs=1,
+                         tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=12, options=backend, max_batch=4, ids=30, noise=noise)
+    assert sorted(got["weights"]) == sorted(n for n, _ in make().named_parameters())
 
 
 @pytest.mark.parametrize("case,opt,backend", [

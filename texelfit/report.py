@@ -63,32 +63,36 @@ def flops(layer, graph: Graph) -> int:
     raise AssertionError(f"report.flops: no rule for op {layer.op!r}")
 
 
-def _owner_textures(layer, plan: LayoutPlan) -> list[str]:
+def _owner_textures(layer, plan: LayoutPlan, params) -> list[str]:
+    """`params`: the layer's parameters that it owns (a tied one belongs to its first reader)."""
     out = layer.outputs[0]
     names = [n for n in plan.textures
              if n in ("act:" + out, "argmax:" + out, "ties:" + out, "grad:" + out) or n.startswith(f"grad:{out}@")]
-    for p in layer.params.values():
+    for p in params:
         names += [pre + p for pre in ("param:", "pgrad:", "m:", "v:") if pre + p in plan.textures]
+        names += [f"pgrad{j}:{p}" for j in range(len(plan.param_grad_parts.get(p, ())))]
     return names
 
 
 def layer_table(before: Graph, after: Graph, plan: LayoutPlan, weights: Quantized) -> dict:
     """{'rows': [...], 'totals': {...}}: `before` is the bundle's graph had it not been pruned."""
     shipped = {t.name: t.bytes for t in weights.tensors}
-    rows, owned = [], set()
+    rows, owned, counted = [], set(), set()
     for layer, old in zip(after.layers, before.layers):
         assert layer.name == old.name
-        tex = _owner_textures(layer, plan)
+        own = [p for p in dict.fromkeys(layer.params.values()) if p not in counted]  # (a tied one: its first reader)
+        counted.update(own)
+        tex = _owner_textures(layer, plan, own)
         owned.update(tex)
         rows.append({
             "layer": layer.name,
             "op": layer.op + (f"+{layer.attrs['act']}" if "act" in layer.attrs else ""),
             "channels_before": int(before.shapes[old.outputs[0]][0]),
             "channels_after": int(after.shapes[layer.outputs[0]][0]),
-            "parameters": int(sum(after.params[p].array.size for p in layer.params.values())),
+            "parameters": int(sum(after.params[p].array.size for p in own)),
             "flops": int(flops(layer, after)),
             "texture_bytes": int(sum(plan.textures[t].bytes for t in tex)),
-            "shipped_bytes": int(sum(shipped[p] for p in layer.params.values())),
+            "shipped_bytes": int(sum(shipped[p] for p in own)),
         })
     rows.append({"layer": "(other)", "op": "", "channels_before": None, "channels_after": None, "parameters": 0,
                  "flops": 0, "texture_bytes": int(sum(t.bytes for n, t in plan.textures.items() if n not in owned)),

@@ -41,5 +41,6 @@ def backward(layer, graph, plan):
 
 
 grad_sum = merge.grad_sum
+param_grad_sum = merge.param_grad_sum
 
-__all__ = ["forward", "backward", "grad_sum", "loss_passes", "optimizer_pass", "LOSSES", "OPTIMIZERS", "FAMILIES"]
+__all__ = ["forward", "backward", "grad_sum", "param_grad_sum", "loss_passes", "optimizer_pass", "LOSSES", "OPTIMIZERS", "FAMILIES"]

@@ -176,3 +176,11 @@ def samples_last_pass(plan, src: str, dst: str, label: str, blocked=None) -> Pas
 
 def _activation_only(c: dict) -> dict:
     return {k: c[k] for k in ("act", "fn", "js_args", "js_f", "js_d", "glsl_f", "glsl_d")}
+
+
+def param_grad(plan, layer, role: str) -> str:
+    """The texture that `layer`'s gradient of its parameter `role` goes to: pgrad:P, or for a parameter several
+    layers read (a tied one) pgrad{j}:P, j the layer's place among them; their sum is pgrad:P (schedule.py)."""
+    name = layer.params[role]
+    readers = plan.param_grad_parts.get(name)
+    return f"pgrad{readers.index(layer.name)}:{name}" if readers else "pgrad:" + name

@@ -23,6 +23,7 @@ from __future__ import annotations
 from texelfit.prep.layout import ceil_div
 
 from ..kernels import Kernel, Pass
+from .common import param_grad
 
 
 def _consts(layer, graph):
@@ -45,5 +46,5 @@ def backward(layer, graph, plan):
     c = _consts(layer, graph)
     k = Kernel(f"embedding_grad_weight {c['t']}x{c['rows']}x{c['f']}", "embedding_grad_weight.glsl.j2", ("IDS", "DY"),
                uniforms=("u_batch", "u_loss_scale"), consts=c)
-    return [Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(layer.outputs[0])], ["pgrad:" + layer.params["weight"]],
+    return [Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(layer.outputs[0])], [param_grad(plan, layer, "weight")],
                  "full", layer.name)]

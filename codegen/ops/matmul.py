@@ -26,7 +26,7 @@ from __future__ import annotations
 from texelfit.prep.layout import ceil_div
 
 from ..kernels import Kernel, Pass, glsl_float
-from .common import grad_target, lanes
+from .common import grad_target, lanes, param_grad
 
 
 def _consts(layer, graph):
@@ -48,9 +48,47 @@ def _b_texture(layer, plan):
     return "param:" + layer.params["weight"] if "weight" in layer.params else plan.tensor(layer.inputs[1])
 
 
+def _rows_out_consts(rows: int, k: int, p: int) -> dict:
+    """The consts of a token-wise kernel over `rows` rows a sample, for the roles of a weight stored [O rows, I
+    packed] (attrs["weight_rows"] == "out": a tied embedding table, prep.graph.untie_unsupported): each kernel
+    below is one of the usual three with its operands swapped, its k the length of the dot product's other
+    axis and p the packed one."""
+    return dict(lanes(p), groups=1, m=rows, k=k, k4=ceil_div(k, 4), p=p, p4=ceil_div(p, 4), rows_a=rows, rows_b=0,
+                weight=True, has_bias=False)
+
+
+def _rows_out_forward(layer, graph, plan):
+    """Y[r, o] = sum_i X[r, i] W[o, i]: matmul_grad_a's dY B^T, with dY := X, B := W [O rows, I packed]."""
+    (rows, i), o = graph.shapes[layer.inputs[0]], graph.shapes[layer.outputs[0]][1]
+    c = _rows_out_consts(rows, o, i)
+    k = Kernel(f"matmul_forward {rows}x{i}@({o}x{i})^T", "matmul_grad_a.glsl.j2", ("DY", "B"), consts=c)
+    return [Pass(k, [plan.tensor(layer.inputs[0]), _b_texture(layer, plan)], [plan.tensor(layer.outputs[0])], "batch",
+                 layer.name)]
+
+
+def _rows_out_backward(layer, graph, plan):
+    """dX[r, i] = sum_o dY[r, o] W[o, i] (matmul_forward, A := dY, B := W); dW[o, i] = sum over the rows of dY[r, o]
+    X[r, i] (matmul_grad_weight, A := dY, DY := X): W's own layout, [O rows, I packed]."""
+    (rows, i), o = graph.shapes[layer.inputs[0]], graph.shapes[layer.outputs[0]][1]
+    y, passes = layer.outputs[0], []
+    target = grad_target(plan, layer, 0)
+    if target:
+        k = Kernel(f"matmul_grad_a {rows}x{o}@{o}x{i}", "matmul_forward.glsl.j2", ("A", "B"),
+                   consts=_rows_out_consts(rows, o, i))
+        passes.append(Pass(k, [plan.grad(y), _b_texture(layer, plan)], [target], "batch", layer.name))
+    if graph.is_trainable(layer.params["weight"]):
+        k = Kernel(f"matmul_grad_weight ({rows}x{o})^T@{rows}x{i}", "matmul_grad_weight.glsl.j2", ("A", "DY"),
+                   uniforms=("u_batch", "u_loss_scale"), consts=_rows_out_consts(rows, o, i))
+        passes.append(Pass(k, [plan.grad(y), plan.tensor(layer.inputs[0])], [param_grad(plan, layer, "weight")],
+                           "full", layer.name))
+    return passes
+
+
 def forward(layer, graph, plan):
     if layer.op == "layernorm":
         return _ln_forward(layer, graph, plan)
+    if layer.attrs.get("weight_rows") == "out":
+        return _rows_out_forward(layer, graph, plan)
     c = _consts(layer, graph)
     names = ("A", "B") + (("BIAS",) if c["has_bias"] else ())
     textures = [plan.tensor(layer.inputs[0]), _b_texture(layer, plan)]
@@ -70,6 +108,8 @@ def _rows_sum(layer, graph, plan, role):
 def backward(layer, graph, plan):
     if layer.op == "layernorm":
         return _ln_backward(layer, graph, plan)
+    if layer.attrs.get("weight_rows") == "out":
+        return _rows_out_backward(layer, graph, plan)
     c = _consts(layer, graph)
     y = layer.outputs[0]
     passes = []
@@ -86,7 +126,7 @@ def backward(layer, graph, plan):
     if graph.is_trainable(layer.params["weight"]):
         k = Kernel(_title(c, "matmul_grad_weight"), "matmul_grad_weight.glsl.j2", ("A", "DY"),
                    uniforms=("u_batch", "u_loss_scale"), consts=c)
-        passes.append(Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], ["pgrad:" + layer.params["weight"]],
+        passes.append(Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], [param_grad(plan, layer, "weight")],
                            "full", layer.name))
     if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
         passes.append(_rows_sum(layer, graph, plan, "bias"))

@@ -38,7 +38,15 @@ def backward(layer, graph, plan):
     return passes
 
 
+def param_grad_sum(param: str, readers: int):
+    """pgrad:P = pgrad0:P + pgrad1:P + ...: the gradient of a parameter several layers read (schedule.py)."""
+    names = tuple(f"G{i}" for i in range(readers))
+    k = Kernel(f"grad_sum x{readers}", "grad_sum.glsl.j2", names, consts={"terms": readers})
+    return Pass(k, [f"pgrad{j}:{param}" for j in range(readers)], ["pgrad:" + param], "full",
+                f"sum of gradients of {param}")
+
+
 def grad_sum(tensor, contributions, plan):
     names = tuple(f"G{i}" for i in range(len(contributions)))
-    k = Kernel(f"grad_sum x{len(names)}", "grad_sum.glsl.j2", names)
+    k = Kernel(f"grad_sum x{len(names)}", "grad_sum.glsl.j2", names, consts={"terms": len(names)})
     return Pass(k, list(contributions), ["grad:" + tensor], "batch", f"sum of gradients of {tensor}")
