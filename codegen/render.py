@@ -127,6 +127,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         model["inputs"] = input_records(graph, plan)
     if tokenizer is not None:  # fromText (tokenizer.js.j2); absent otherwise (no bytes in other bundles)
         model["tokenizer"] = tokenizer["record"]
+    if graph.aliases:  # a tied parameter's other state_dict keys -> its name: getWeights gives it under each, and
+        model["aliases"] = dict(sorted(graph.aliases.items()))  # setWeights takes each (absent: no bytes elsewhere)
     crc = int.from_bytes(weights.blob[-4:], "little")  # the blob's last 4 bytes: CRC-32 of the rest
     file = {"name": f"{name}.weights.bin", "bytes": len(weights.blob), "crc32": crc} if weights_file else None
     return {
@@ -138,6 +140,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
         "cpu_kernels": sorted({k["template"] for k in kernels}),
         "wide_passes": wide,
+        "aliases": bool(graph.aliases),
         "glsl_common_json": _js_json(render_common()),
         "schedule_json": _js_json(sched),
         "model_version": VERSION,

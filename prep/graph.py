@@ -21,7 +21,7 @@ from . import elementwise as ew
 from .elementwise import BY_ONNX
 from .ir import Graph, Layer, Param
 from . import onnx_shape, resample
-from .load import INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_SHAPES_KEY, TIED_KEY, \
+from .load import ALIASES_KEY, INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_SHAPES_KEY, TIED_KEY, \
     TRANSPOSED_KEY, BuildError, initializer_arrays
 from .shape import Constant, chain_shape, part_shape
 
@@ -908,8 +908,9 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
     layers = untie_unsupported(layers, params)
     order = [i.name for i in g.initializer]
     ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[1].source or kv[0]), kv[0])))
+    aliases = {k: v for k, v in json.loads(meta.get(ALIASES_KEY, "{}")).items() if v in ordered}
     return Graph(inp.name, output, shapes, layers, ordered, inputs=tuple(i.name for i in inputs),
-                 dtypes={k: v for k, v in dtypes.items() if v != "float32"})
+                 dtypes={k: v for k, v in dtypes.items() if v != "float32"}, aliases=aliases)
 
 
 def untie_unsupported(layers: list[Layer], params: dict[str, Param]) -> list[Layer]:

@@ -16,6 +16,7 @@ Every model then goes through onnxsim.
 from __future__ import annotations
 
 import importlib
+import json
 import io
 import os
 import pickle
@@ -97,6 +98,11 @@ def export_simplified(module, input_shape, inputs=None, input_dtype="float32"):
     buffers = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items() if k in kept}
     model = restore_state_dict_names(model, buffers)
     _set_meta(model, PARAMETERS_KEY, sorted(named))
+    first = {id(p): n for n, p in named.items()}
+    aliases = {k: first[id(v)] for k, v in module.state_dict(keep_vars=True).items()
+               if k not in named and id(v) in first}
+    if aliases:
+        _set_meta(model, ALIASES_KEY, dict(sorted(aliases.items())))
     if folded:
         _set_meta(model, FOLDED_KEY, dict(sorted(folded.items())))
     if unused:
@@ -232,6 +238,9 @@ def simplify_onnx_file(model, state: dict | None = None):
     if state is not None:
         model = restore_state_dict_names(model, {k: v.detach().cpu().numpy() for k, v in state.items()})
         _set_meta(model, STATE_KEYS_KEY, sorted(state))
+    meta = {p.key: p.value for p in model.metadata_props}
+    if PARAMETERS_KEY in meta and SOURCE_KEY not in meta:  # written by export_simplified: a PyTorch source's still
+        return simplify(model, protect=json.loads(meta[PARAMETERS_KEY]) + list(json.loads(meta.get(TIED_KEY, "{}"))))
     params = onnx_parameters(model)
     model = simplify(model, protect=params)
     kept = {i.name for i in model.graph.initializer}
@@ -543,6 +552,9 @@ SOURCE_KEY = "texelfit.source"
 STATE_KEYS_KEY = "texelfit.state_keys"
 # the parameters of a PyTorch source that its output does not depend on (no gradient in PyTorch either)
 UNUSED_KEY = "texelfit.unused_parameters"
+# {state_dict key: parameter}: a tied parameter's other state_dict keys (GPT-2's lm_head.weight is
+# transformer.wte.weight): getWeights and import-weights give it under each
+ALIASES_KEY = "texelfit.aliases"
 # {NAME@tied: NAME}: a parameter found twice among the initializers (tied weights in two layouts)
 TIED_KEY = "texelfit.tied_parameters"
 

@@ -241,7 +241,8 @@ def test_a_tied_gpt2_trains_like_pytorch(web, site, opt, backend):
     make.__name__ = f"fresh_gpt2_{opt}_{len(backend or {})}{sorted(backend or {})}".replace("[", "").replace("]", "").replace("'", "")
     got = check_training(web, site, make, TOKENS, opt, "cross_entropy", samples=6, batch_size=2, epochs=1,
                          tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=12, options=backend, max_batch=4, ids=30, noise=noise)
-    assert sorted(got["weights"]) == sorted(n for n, _ in make().named_parameters())
+    assert sorted(got["weights"]) == sorted(make().state_dict())  # lm_head.weight too: the tied one, twice
+    assert got["weights"]["m.lm_head.weight"] == got["weights"]["m.transformer.wte.weight"]
 
 
 @pytest.mark.parametrize("case,opt,backend", [
@@ -349,3 +350,25 @@ def test_a_user_exported_onnx_file_trains_like_pytorch(web, site, user_onnx_vit,
             assert_close(f"{opt} {n}", np.asarray(got["weights"][n]), p.detach().numpy(), **TRAJ_W)
             compared += 1
     assert compared >= 17
+
+
+def test_import_weights_gives_a_tied_parameter_under_each_key(tmp_path):
+    """getWeights gives GPT-2's tied weight as transformer.wte.weight and lm_head.weight; import-weights takes them
+    (equal) back into a state_dict that the module loads strictly."""
+    import json
+
+    from texelfit.importer import import_weights
+
+    torch.manual_seed(0)
+    m = gpt2().eval()
+    (tmp_path / "m.onnx").write_bytes(export_simplified(m, TOKENS, input_dtype="int64").SerializeToString())
+    new = {k: (v + 0.5).reshape(-1).tolist() for k, v in m.state_dict().items()}
+    (tmp_path / "w.json").write_text(json.dumps(new))
+    import_weights(str(tmp_path / "w.json"), str(tmp_path / "m.onnx"), str(tmp_path / "w.pt"))
+    fresh = gpt2()
+    fresh.load_state_dict(torch.load(tmp_path / "w.pt"), strict=True)
+    assert torch.equal(fresh.m.lm_head.weight, m.m.transformer.wte.weight.detach() + 0.5)
+    new["m.lm_head.weight"] = [0.0] * len(new["m.lm_head.weight"])
+    (tmp_path / "w.json").write_text(json.dumps(new))
+    with pytest.raises(BuildError, match="one tied parameter"):
+        import_weights(str(tmp_path / "w.json"), str(tmp_path / "m.onnx"), str(tmp_path / "w.pt"))

@@ -34,6 +34,12 @@ def read_weights(path: str) -> dict[str, np.ndarray]:
 
 
 def apply_weights(graph: Graph, weights: dict[str, np.ndarray], where: str, *, partial: bool = False) -> Graph:
+    for alias, name in graph.aliases.items():  # a tied parameter's other key (getWeights gives both): the same values
+        if alias in weights:
+            w = weights.pop(alias)
+            if name in weights and not np.array_equal(w.reshape(-1), weights[name].reshape(-1)):
+                raise BuildError(f"{where}: {alias!r} and {name!r} are one tied parameter, but hold different values")
+            weights.setdefault(name, w)
     missing = [n for n in graph.params if n not in weights]
     extra = [n for n in weights if n not in graph.params]
     if extra or (missing and not partial) or not weights:
@@ -63,7 +69,9 @@ def import_weights(file: str, source: str, out: str, *, input_shape=None, inputs
     if out.endswith(".pt"):
         import torch
 
-        torch.save({n: torch.from_numpy(p.array.copy()) for n, p in graph.params.items()}, out)
+        state = {n: torch.from_numpy(p.array.copy()) for n, p in graph.params.items()}
+        state.update({a: state[n] for a, n in graph.aliases.items()})  # (a tied parameter under each of its keys)
+        torch.save(state, out)
     else:
         from texelfit.prep.torch_ir import export_onnx
 
