@@ -147,9 +147,10 @@ def input_dtype_of(inp, given: str | None = None) -> str:
     return dtype
 
 
-def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
+def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
     """`input_dtype`: build --input-dtype, one for every input or a list of one per input (None: what the
-    ONNX file declares)."""
+    ONNX file declares). `trains(name)`: whether build --trainable selects parameter `name` (default: all); a
+    frozen parameter read at constant indices of two axes is computed into a constant, as it always could be."""
     from onnx import numpy_helper
 
     g = model.graph
@@ -222,7 +223,9 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
             name = alias.get(name, name)
         if name not in shapes:
             what = "a constant repeated over the batch (only Concat takes one)" if name in batch_consts else \
-                "not an activation the IR knows"
+                f"parameter {table_views[name][4]!r} read at constant indices of two axes, which trains only added " \
+                "to attention's scores (leave it out of --trainable to compute it into a constant)" \
+                if name in table_views else "not an activation the IR knows"
             raise BuildError(f"tensor {name!r} is {what}")
         return name
 
@@ -386,6 +389,10 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
     # tensors that are a parameter itself in another shape (a reshape, or a slice that keeps all of it; onnxsim
     # no longer folds them, prep.load): ONNX name -> the parameter's, which its readers read instead
     param_views: dict[str, str] = {}
+    # a parameter table read at constant indices [T1, T2] (an embedding of constant ids, its IR tensor `src`, (T1*T2,
+    # F) a sample), as the ONNX tensor it is: ONNX name -> (src, the view ops from src to it, its ONNX shape
+    # without the batch axis, whether it has a leading batch axis of 1 yet, the parameter)
+    table_views: dict[str, tuple[str, list, tuple[int, ...], bool, str]] = {}
 
     for node in g.node:
         op, a = node.op_type, _attrs(node)
@@ -448,6 +455,54 @@ def to_ir(model, input_shape=None, input_dtype=None) -> Graph:
                 param_views[out] = ins[0]
                 consts[out] = value
                 continue
+        if op == "Gather" and ins[0] in trainable_names and (trains is None or trains(ins[0])) and \
+                int(a.get("axis", 0)) == 0 and isinstance(consts.get(ins[1]), np.ndarray) and np.issubdtype(consts[ins[1]].dtype, np.integer) and \
+                consts[ins[1]].ndim == 2 and consts[ins[1]].shape[0] != 1:
+            # a parameter table read at constant indices [T1, T2] (T5's relative-position bias: buckets of the
+            # query-key distances), the same for every sample: an embedding of the T1 * T2 ids, (T1*T2, F) a sample,
+            # seen as the ONNX tensor [T1, T2, F] without a batch axis until an Add puts it on attention's scores
+            idx = consts[ins[1]]
+            ids = f"{out}:ids"
+            gather(node, ids, [{"input": None, "const": Constant(idx.reshape(-1)), "ops": []}], [],
+                   name=f"{node.name}:ids")
+            integer.add(ids)
+            emb = _embedding(node, a, ids, param(node, 0), params, shapes, padding_idx)
+            src = f"{out}:embedded"  # (not `out`: that is [T1, T2, F] without a batch axis, no activation)
+            shapes[src] = shapes.pop(out)
+            layers.append(dataclasses.replace(emb, outputs=[src]))
+            table_views[out] = (src, [("reshape", tuple(idx.shape) + (shapes[src][1],))],
+                                tuple(idx.shape) + (shapes[src][1],), False, emb.params["weight"])
+            continue
+        if op in ("Transpose", "Unsqueeze") and ins[0] in table_views:
+            src, ops, shape, batched, table = table_views[ins[0]]
+            if op == "Transpose":
+                perm = list(a.get("perm", reversed(range(len(shape)))))
+                table_views[out] = (src, ops + [("permute", tuple(perm))], tuple(shape[p] for p in perm), batched,
+                                    table)
+                continue
+            axes = np.asarray(consts.get(ins[1]) if len(ins) > 1 else a.get("axes")).reshape(-1).tolist()
+            if axes == [0] and not batched:  # the batch axis, of size 1: broadcast over the batch
+                table_views[out] = (src, ops, shape, True, table)
+                continue
+        if op in BY_ONNX and len(ins) == 2 and any(i in table_views for i in ins):
+            k = next(j for j, i in enumerate(ins) if i not in table_views)
+            src, ops, shape, batched, table = table_views[ins[1 - k]]
+            v = lz(ins[k])
+            if not batched or ins[k] in table_views or [d for d in v.sizes()[1:]] != list(shape):
+                raise BuildError(f"{_where(node)}: parameter {table!r} read at constant indices (ONNX shape "
+                                 f"{list(shape)}) is supported added to a tensor of ONNX shape [N, {', '.join(map(str, shape))}]"
+                                 f" (attention's scores), not to one of shape {v.sizes()}")
+            x = materialise(ins[k], "rows", op, _where(node))[0]
+            bias = f"{out}:table"
+            view(node, src, ops + [("reshape", shapes[x])], out=bias, name=f"{node.name}:table")
+            t = f"{out}:rows"
+            layers.append(_elementwise(node, t, a, [x, bias] if k == 0 else [bias, x], consts, shapes, act, param,
+                                       initializer_names, trainable_names))
+            set_lazy(out, ba.after_rows_op(t, v, shapes[x][1]))
+            continue
+        if any(i in table_views for i in ins):
+            act(next(i for i in ins if i in table_views))  # (raises: what it is, and what takes it)
+            raise AssertionError("act() of a table view")
         if op == "Gather" and ins[0] in trainable_names and _same_rows_each_sample(a, consts.get(ins[1])):
             # a parameter table read at constant rows, the same for every sample ([T] or [1, T] positions: a
             # position table): an embedding of constant ids, so that the table trains (prep.load never lets

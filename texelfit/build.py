@@ -32,7 +32,7 @@ from texelfit.prep.graph import to_ir
 from texelfit.prep.ir import Graph
 from texelfit.prep.layout import LayoutPlan, check_layout, plan_layout
 from texelfit.prep.load import BuildError, load_onnx
-from texelfit.prep.trust import check_trainable
+from texelfit.prep.trust import check_trainable, selected
 from texelfit.prep.prune import apply_prune, check_ratio, plan_prune
 from texelfit.prep.quantize import MODES, Quantized, quantize as quantize_weights
 from texelfit.tokenizer import load_tokenizer, tokenizer_input
@@ -93,7 +93,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     if weights_file not in (None, True, False):
         raise BuildError(f"weights_file must be True, False or None, got {weights_file!r}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
-    imported = to_ir(model, input_shape, input_dtype)
+    imported = to_ir(model, input_shape, input_dtype, trains=lambda n: selected(trainable, n))
     parameters = check_trainable(model, imported, trainable)  # what trains is what PyTorch trains (prep/trust.py)
     if len(imported.inputs) > 1:
         if input_normalize != "none":
