@@ -19,7 +19,7 @@ from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
 from .kernels import render_common, template_env
-from .memory import plan_storage
+from .memory import plan_memory, plan_storage
 from .schedule import Schedule, serialize
 
 VERSION = "0.1.0"
@@ -60,14 +60,19 @@ def architecture_fingerprint(graph: Graph) -> str:
 
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
                   default_loss: str, weights: Quantized | None = None, storage: dict[str, int] | None = None,
-                  image: dict | None = None, weights_file: bool = False, tokenizer: dict | None = None) -> dict:
+                  image: dict | None = None, weights_file: bool = False, tokenizer: dict | None = None,
+                  memory: dict | None = None) -> dict:
     """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given. `storage`:
     the shared storage of each texture that shares one (codegen/memory.py); planned here when not given.
     `image`: the image input's preprocessing (texelfit.build.image_input), or None. `weights_file`: the
     blob goes into NAME.weights.bin (the bundle carries its name, length and CRC-32) instead of inline.
-    `tokenizer`: {"record": MODEL.tokenizer, "vocab": the tokens} (texelfit/tokenizer.py), or None: no fromText."""
+    `tokenizer`: {"record": MODEL.tokenizer, "vocab": the tokens} (texelfit/tokenizer.py), or None: no fromText.
+    `memory`: the planned memory (codegen/memory.py: plan_memory); planned here when not given."""
     if storage is None:
         storage = plan_storage(plan, schedule)
+    if memory is None:
+        memory = plan_memory(plan, storage, output=plan.tensor(graph.output), inputs=[plan.tensor(t) for t in graph.inputs],
+                             parameters=graph.parameter_count(), trains=bool(graph.trainable_params()))
     kernels, sched, elementwise = serialize(schedule, list(plan.textures))
     if weights is None:
         weights = quantize(graph, "none")
@@ -111,6 +116,10 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
             "output": out_spec.name,
         },
         "params": params,
+        # the planned peak bytes of a fit (null: nothing trains) and of a predict, the texture bytes, and the
+        # largest texture: createModel's memoryBudget is checked against them (codegen/memory.py: plan_memory)
+        "memory": {"fitBytes": memory["fit_bytes"], "predictBytes": memory["predict_bytes"],
+                   "textureBytes": memory["predict"]["textures"], "largest": memory["largest_texture"]},
         # the parameters that train (build --trainable), and the frozen trunk's cut (Graph.trunk): its tensor,
         # the texture holding it, and its per-sample shape and size; null when there is none
         "trainable": graph.trainable_params(),
