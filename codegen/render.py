@@ -19,7 +19,7 @@ from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
 from .kernels import render_common, template_env
-from .memory import plan_memory, plan_storage
+from .memory import plan_memory, plan_storage, planned_peak
 from .schedule import Schedule, serialize
 
 VERSION = "0.1.0"
@@ -116,10 +116,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
             "output": out_spec.name,
         },
         "params": params,
-        # the planned peak bytes of a fit (null: nothing trains) and of a predict, the texture bytes, and the
-        # largest texture: createModel's memoryBudget is checked against them (codegen/memory.py: plan_memory)
-        "memory": {"fitBytes": memory["fit_bytes"], "predictBytes": memory["predict_bytes"],
-                   "textureBytes": memory["predict"]["textures"], "largest": memory["largest_texture"]},
+        # the planned peak bytes (of a fit; of a predict where nothing trains) and the largest texture's name and
+        # bytes: createModel's memoryBudget is checked against them (codegen/memory.py: plan_memory)
+        "memory": [planned_peak(memory), memory["largest_texture"]["name"], memory["largest_texture"]["bytes"]],
         # the parameters that train (build --trainable), and the frozen trunk's cut (Graph.trunk): its tensor,
         # the texture holding it, and its per-sample shape and size; null when there is none
         "trainable": graph.trainable_params(),
