@@ -174,7 +174,7 @@ def plan_memory(plan: LayoutPlan, storage: dict[str, int], *, output: str, input
     predict_read = half_bytes(tex[output])
     stages = sum(half_bytes(tex[n]) for n in [*inputs, "labels", "targets"] if n in tex)
     upload = 4 * parameters + stages
-    largest = max(tex.values(), key=lambda t: (t.bytes, t.name))
+    largest = max(tex.values(), key=lambda t: t.bytes)  # (the first of the largest, in the plan's order)
 
     def run(readback: int, snapshots: int) -> dict:
         return {"textures": textures, "readback": readback, "snapshots": snapshots, "upload": upload,
