@@ -23,6 +23,9 @@ from .memory import plan_memory, plan_storage, planned_peak
 from .schedule import Schedule, serialize
 
 VERSION = "0.1.0"
+# The most bytes the runtime moves in one upload or one pixel-pack buffer (runtime/textures.js.j2:
+# TRANSFER_PIECE): a snapshot, a restore or a readback of a large model goes in pieces of it.
+TRANSFER_PIECE_BYTES = 64 << 20
 
 
 def _js_json(obj) -> str:
@@ -61,13 +64,14 @@ def architecture_fingerprint(graph: Graph) -> str:
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
                   default_loss: str, weights: Quantized | None = None, storage: dict[str, int] | None = None,
                   image: dict | None = None, weights_file: bool = False, tokenizer: dict | None = None,
-                  memory: dict | None = None) -> dict:
+                  memory: dict | None = None, transfer_piece_bytes: int = TRANSFER_PIECE_BYTES) -> dict:
     """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given. `storage`:
     the shared storage of each texture that shares one (codegen/memory.py); planned here when not given.
     `image`: the image input's preprocessing (texelfit.build.image_input), or None. `weights_file`: the
     blob goes into NAME.weights.bin (the bundle carries its name, length and CRC-32) instead of inline.
     `tokenizer`: {"record": MODEL.tokenizer, "vocab": the tokens} (texelfit/tokenizer.py), or None: no fromText.
-    `memory`: the planned memory (codegen/memory.py: plan_memory); planned here when not given."""
+    `memory`: the planned memory (codegen/memory.py: plan_memory); planned here when not given.
+    `transfer_piece_bytes`: TRANSFER_PIECE_BYTES (tests make it small, so that small models go in pieces)."""
     if storage is None:
         storage = plan_storage(plan, schedule)
     if memory is None:
@@ -145,6 +149,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "elementwise": elementwise,
         # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
         "cpu_kernels": sorted({k["template"] for k in kernels}),
+        "transfer_piece_bytes": transfer_piece_bytes,
         "wide_passes": wide,
         "glsl_common_json": _js_json(render_common()),
         "schedule_json": _js_json(sched),

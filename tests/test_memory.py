@@ -203,3 +203,94 @@ def test_a_gpu_failure_during_fit_rejects_with_the_weights_of_the_last_snapshot(
     if how == "gl-error":
         np.testing.assert_array_equal(np.asarray(got["after"], np.float32), np.asarray(got["referenceY"], np.float32))
 
+
+# ---- transfers in pieces -------------------------------------------------------------------------
+
+PIECE = 512  # bytes: every texture of the MLP above goes up and comes back in several pieces
+
+
+@pytest.fixture(scope="module")
+def pieces(site):
+    """The MLP built twice: with the default transfer piece (64 MiB: every transfer one piece), and with
+    PIECE bytes."""
+    torch.manual_seed(21)
+    module = mlp_45_31_7()
+    onnx_model = export_simplified(module, (45,))
+    urls = {}
+    for name, piece in (("whole", None), ("pieces", PIECE)):
+        res = compile_onnx(onnx_model, name="model", input_shape=(45,), max_batch=BATCH, transfer_piece_bytes=piece)
+        urls[name] = site.add_files(f"memory_{name}", res.files) + "/model.js"
+    return urls, module
+
+
+IN_PIECES = """async (args) => {
+const mod = await import(args.url), whole = await import(args.wholeUrl);
+const x = new Float32Array(args.x), y = Int32Array.from(args.y);
+const canvas = document.createElement('canvas');
+document.body.appendChild(canvas);
+const gl = canvas.getContext('webgl2');
+const lose = gl.getExtension('WEBGL_lose_context');
+const arr = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, Array.from(v)]));
+const options = { batchSize: %d, epochs: 1, shuffle: true, seed: 3, optimizer: { type: 'adam', lr: 0.01 } };
+const proto = WebGL2RenderingContext.prototype, readPixels = proto.readPixels, texSubImage2D = proto.texSubImage2D;
+const calls = { read: 0, upload: 0 };
+proto.readPixels = function (...a) { calls.read++; return readPixels.apply(this, a); };
+proto.texSubImage2D = function (...a) { calls.upload++; return texSubImage2D.apply(this, a); };
+const count = async (fn) => { calls.read = calls.upload = 0; const r = await fn(); return [r, { ...calls }]; };
+try {
+  const [m, created] = await count(() => mod.createModel({ canvas, ...args.options }));
+  const [ref, createdWhole] = await count(() => whole.createModel(args.options));
+  const [w0, read] = await count(async () => arr(await m.getWeights()));
+  const [w0Whole, readWhole] = await count(async () => arr(await ref.getWeights()));
+  // a fit whose context is lost after its first block snapshot (step 64) and restored: the snapshot
+  // came back in pieces, and goes up in pieces
+  let restores = 0;
+  canvas.addEventListener('webglcontextrestored', () => restores++);
+  const fit = await m.fit(x, y, { ...options, onStep: ({ step }) => {
+    if (step === 70 && !restores) { lose.loseContext(); setTimeout(() => lose.restoreContext(), 30); }
+  } });
+  const fitWhole = await ref.fit(x, y, options);
+  const w1 = arr(await m.getWeights()), w1Whole = arr(await ref.getWeights());
+  // saved and restored into another model, which trains on as the first does
+  await m.save('pieces');
+  const again = await mod.createModel(args.options);
+  await again.restore('pieces');
+  const w2 = arr(await again.getWeights());
+  const more = await again.fit(x.subarray(0, 16 * 45), y.subarray(0, 16), options);
+  const moreWhole = await ref.fit(x.subarray(0, 16 * 45), y.subarray(0, 16), options);
+  const w3 = arr(await again.getWeights()), w3Whole = arr(await ref.getWeights());
+  await again.deleteCheckpoint('pieces');
+  for (const model of [m, ref, again]) model.dispose();
+  return { created, createdWhole, read, readWhole, restores, w0, w0Whole, w1, w1Whole, w2, w3, w3Whole,
+           loss: fit.loss, lossWhole: fitWhole.loss, more: more.loss, moreWhole: moreWhole.loss, info: m.info };
+} finally {
+  proto.readPixels = readPixels;
+  proto.texSubImage2D = texSubImage2D;
+}
+}""" % BATCH
+
+
+@pytest.mark.parametrize("options", [{}, {"precision": "rgba8", "maxTextureSize": 40}], ids=["float32", "rgba8_folded"])
+def test_uploads_snapshots_and_restores_in_pieces_give_the_same_model(web, pieces, options):
+    """With transfers of PIECE bytes each, createModel's uploads, getWeights, a fit's snapshots, a context
+    lost and restored, save and restore all go in pieces (more readPixels and texSubImage2D calls than whole),
+    and the model is the same, bit for bit, as the one built with whole transfers."""
+    urls, module = pieces
+    g = torch.Generator().manual_seed(8)
+    n = 80 * BATCH
+    got = web.evaluate(IN_PIECES, {"url": urls["pieces"], "wholeUrl": urls["whole"], "options": options,
+                                   "x": torch.randn(n, 45, generator=g).reshape(-1).tolist(),
+                                   "y": torch.randint(0, 7, (n,), generator=g).tolist()})
+    if options:
+        assert got["info"]["precision"] == "rgba8" and got["info"]["foldedTextures"] > 0
+    assert got["read"]["read"] > got["readWhole"]["read"] == len(module.state_dict()), (got["read"], got["readWhole"])
+    assert got["created"]["upload"] > got["createdWhole"]["upload"], (got["created"], got["createdWhole"])
+    assert got["restores"] == 1
+    state = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+    for k, ref in state.items():
+        np.testing.assert_array_equal(np.asarray(got["w0"][k], np.float32), ref.reshape(-1), err_msg=k)
+    assert got["w0"] == got["w0Whole"]
+    assert len(got["loss"]) == 80 and got["loss"] == got["lossWhole"]
+    assert got["w1"] == got["w1Whole"] and got["w2"] == got["w1"]
+    assert got["more"] == got["moreWhole"] and got["w3"] == got["w3Whole"]
+    assert got["w1"] != got["w0"]

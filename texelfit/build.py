@@ -71,7 +71,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
                  eval_data: Data | None = None, progress: bool = False, trainable: str = "*",
                  input_normalize: str = "none", weights_file: bool | None = None,
                  input_dtype: str | None = None, tokenizer: str | None = None,
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET) -> BuildResult:
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, transfer_piece_bytes: int | None = None) -> BuildResult:
     """`max_batch`: `--max-batch`; None (not given): DEFAULT_MAX_BATCH, or the largest batch below it whose
     planned memory (codegen/memory.py: plan_memory) fits `memory_budget` bytes (`--memory-budget`), the
     report saying so (report["memory"]["reduced_from"]). `input_normalize`: `--input-normalize`
@@ -80,7 +80,8 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
     which must be what the model declares (None: whatever it declares). `tokenizer`: `--tokenizer PATH`
     (texelfit/tokenizer.py), a vocab.txt or a folder holding one: the bundle gets m.fromText; the
     vocabulary always goes into NAME.js, also beside a weights file (text, a few hundred KB, needed
-    before the weights are)."""
+    before the weights are). `transfer_piece_bytes`: the most bytes the runtime moves in one upload or
+    readback buffer (codegen/render.py: TRANSFER_PIECE_BYTES when None; for tests)."""
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BuildError(f"--name {name!r} must be letters, digits, '-' and '_' only")
     if max_batch is not None and (not isinstance(max_batch, int) or not 1 <= max_batch <= 4096):
@@ -145,7 +146,8 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
         weights_file = len(weights.blob) > WEIGHTS_FILE_BYTES
     text = {"record": tok.record(length), "vocab": tok.vocab} if tok is not None else None
     ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights, storage, image=image,
-                        weights_file=weights_file, tokenizer=text, memory=memory)
+                        weights_file=weights_file, tokenizer=text, memory=memory,
+                        **({} if transfer_piece_bytes is None else {"transfer_piece_bytes": transfer_piece_bytes}))
     files = render_bundle(ctx)
     if weights_file:
         files[ctx["weights_file"]["name"]] = weights.blob
