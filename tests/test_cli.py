@@ -126,6 +126,8 @@ def test_a_build_over_1_gb_warns_and_the_default_batch_is_reduced_to_fit(tmp_pat
     assert "texelfit: warning: a fit needs" in r.stdout and "lower --max-batch" in r.stdout, r.stdout
     assert r.stdout.count("BatchNormalization layer(s) folded") == 1, r.stdout
     assert "texture bytes by role" in r.stdout and "activation" in r.stdout, r.stdout
+    assert "texelfit: memory: a fit needs 1.37 GB at its peak" in r.stdout, r.stdout
+    assert 'texelfit: memory: the largest texture is "act:/2/Relu_output_0" (308.3 MB)' in r.stdout, r.stdout
     big = json.loads((tmp_path / "big" / "report.json").read_text())["memory"]
     assert big["max_batch"] == 64 and big["reduced_from"] is None and big["fit_bytes"] > 10 ** 9 and not big["fits"]
     r = texelfit("build", "models:conv_224_bn", "--input-shape", "3,224,224", "--out", str(tmp_path / "default"))
@@ -140,6 +142,19 @@ def test_a_build_over_1_gb_warns_and_the_default_batch_is_reduced_to_fit(tmp_pat
                  "--out", str(tmp_path / "small"))
     assert r.returncode == 0, r.stderr
     assert "warning" not in r.stdout, r.stdout
+
+
+def test_memory_budget_takes_bytes_or_units(tmp_path):
+    """--memory-budget 150KB: the MLP plans about 198 KB at the default batch 64, so the build lowers it (and
+    says so); a budget that is not a number of bytes is one line, exit 2."""
+    r = texelfit("build", "models:mlp_45_31_7", "--input-shape", "45", "--memory-budget", "150KB",
+                 "--out", str(tmp_path / "m"))
+    assert r.returncode == 0, r.stderr
+    mem = json.loads((tmp_path / "m" / "report.json").read_text())["memory"]
+    assert mem["budget"] == 150_000 and mem["reduced_from"] == 64 and mem["fits"] and mem["fit_bytes"] <= 150_000
+    assert f"texelfit: --max-batch {mem['max_batch']}, not the default 64" in r.stdout, r.stdout
+    r = texelfit("build", "models:mlp_45_31_7", "--input-shape", "45", "--memory-budget", "lots", "--out", str(tmp_path / "n"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--memory-budget" in r.stderr, r.stderr
 
 
 def test_build_input_normalize_and_weights_file(sources, tmp_path):
