@@ -75,8 +75,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
     if storage is None:
         storage = plan_storage(plan, schedule)
     if memory is None:
-        memory = plan_memory(plan, storage, output=plan.tensor(graph.output), inputs=[plan.tensor(t) for t in graph.inputs],
-                             parameters=graph.parameter_count(), trains=bool(graph.trainable_params()))
+        memory = plan_memory(plan, storage, output=plan.tensor(graph.output),
+                             inputs=[plan.tensor(t) for t in graph.inputs], parameters=graph.parameter_count(),
+                             trains=bool(graph.trainable_params()))
     kernels, sched, elementwise = serialize(schedule, list(plan.textures))
     if weights is None:
         weights = quantize(graph, "none")

@@ -153,7 +153,8 @@ def test_memory_budget_takes_bytes_or_units(tmp_path):
     mem = json.loads((tmp_path / "m" / "report.json").read_text())["memory"]
     assert mem["budget"] == 150_000 and mem["reduced_from"] == 64 and mem["fits"] and mem["fit_bytes"] <= 150_000
     assert f"texelfit: --max-batch {mem['max_batch']}, not the default 64" in r.stdout, r.stdout
-    r = texelfit("build", "models:mlp_45_31_7", "--input-shape", "45", "--memory-budget", "lots", "--out", str(tmp_path / "n"))
+    r = texelfit("build", "models:mlp_45_31_7", "--input-shape", "45", "--memory-budget", "lots",
+                 "--out", str(tmp_path / "n"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--memory-budget" in r.stderr, r.stderr
 
 

@@ -155,7 +155,7 @@ try {
   resolved = await m.fit(x, y, { ...options, onStep: ({ step }) => {
     steps++;
     if (step !== args.failAt) return;
-    if (args.how === 'gl-error') gl.enable(0x1234); // INVALID_ENUM on the model's context, as a failed GL call leaves it
+    if (args.how === 'gl-error') gl.enable(0x1234); // INVALID_ENUM on the model's context, as a failed call leaves
     else lose.loseContext();
   } });
 } catch (e) { error = { name: e.name, code: e.code, message: e.message }; }
@@ -182,7 +182,8 @@ def test_a_gpu_failure_during_fit_rejects_with_the_weights_of_the_last_snapshot(
     weights of a model that trained the first 64 steps alone, and after a GL error predict runs on them."""
     g = torch.Generator().manual_seed(5)
     n = STEPS * BATCH
-    data = {"x": torch.randn(n, 45, generator=g).reshape(-1).tolist(), "y": torch.randint(0, 7, (n,), generator=g).tolist()}
+    data = {"x": torch.randn(n, 45, generator=g).reshape(-1).tolist(),
+            "y": torch.randint(0, 7, (n,), generator=g).tolist()}
     got = web.evaluate("async (args) => {" + FAIL_DURING_FIT + "}",
                        {"url": mlp["url"], **data, "how": how, "failAt": 80, "snapshotAt": 64})
     assert got["resolved"] is None, "the fit must not resolve"

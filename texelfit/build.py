@@ -76,11 +76,11 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
     planned memory (codegen/memory.py: plan_memory) fits `memory_budget` bytes (`--memory-budget`), the
     report saying so (report["memory"]["reduced_from"]). `input_normalize`: `--input-normalize`
     (texelfit/images.py); `weights_file`: ship the weights in NAME.weights.bin beside NAME.js (True),
-    embedded (False), or the former when they exceed WEIGHTS_FILE_BYTES (None, the default); `input_dtype`: `--input-dtype` (prep/load.py: INPUT_DTYPES),
-    which must be what the model declares (None: whatever it declares). `tokenizer`: `--tokenizer PATH`
-    (texelfit/tokenizer.py), a vocab.txt or a folder holding one: the bundle gets m.fromText; the
-    vocabulary always goes into NAME.js, also beside a weights file (text, a few hundred KB, needed
-    before the weights are). `transfer_piece_bytes`: the most bytes the runtime moves in one upload or
+    embedded (False), or the former when they exceed WEIGHTS_FILE_BYTES (None, the default); `input_dtype`:
+    `--input-dtype` (prep/load.py: INPUT_DTYPES), which must be what the model declares (None: whatever it
+    declares). `tokenizer`: `--tokenizer PATH` (texelfit/tokenizer.py), a vocab.txt or a folder holding one:
+    the bundle gets m.fromText; the vocabulary always goes into NAME.js, also beside a weights file (text,
+    a few hundred KB, needed before the weights are). `transfer_piece_bytes`: the most bytes the runtime moves in one upload or
     readback buffer (codegen/render.py: TRANSFER_PIECE_BYTES when None; for tests)."""
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BuildError(f"--name {name!r} must be letters, digits, '-' and '_' only")

@@ -236,7 +236,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _options(args) -> dict:
     budget = {} if args.memory_budget is None else {"memory_budget": args.memory_budget}
-    return dict(**budget, weights=args.weights, input_shape=_input_shape(args), inputs=args.inputs, input_dtype=args.input_dtype,
+    return dict(**budget, weights=args.weights, input_shape=_input_shape(args), inputs=args.inputs,
+                input_dtype=args.input_dtype,
                 max_batch=args.max_batch, loss=args.loss,
                 quantize=args.quantize, round_channels=args.round_channels, finetune_epochs=args.finetune_epochs,
                 finetune_data=args.finetune_data, finetune_lr=args.finetune_lr, eval_data=args.eval_data,
@@ -283,9 +284,10 @@ def cmd_build(args) -> None:
     peak = planned_peak(rep["memory"])
     if peak > MEMORY_WARN_BYTES:
         what = "a fit" if rep["memory"]["fit"] else "a predict"
+        textures = rep["texture_bytes_by_role"]["total_after"]
         print(f"texelfit: warning: {what} needs {peak / 1e9:.2f} GB at --max-batch {rep['max_batch']} (the textures "
-              f"{rep['texture_bytes_by_role']['total_after'] / 1e9:.2f} GB), more than 1 GB: many devices cannot hold that; "
-              "lower --max-batch (or freeze more with --trainable)")
+              f"{textures / 1e9:.2f} GB), more than 1 GB: many devices cannot hold that; lower --max-batch (or freeze "
+              "more with --trainable)")
     if rep["trainable"] != [r["name"] for layer in rep["layers"] for r in layer["params"].values()]:
         print(f"texelfit: trains {len(rep['trainable'])} of the parameter tensors ({', '.join(rep['trainable']) or 'none'}); "
               f"frozen trunk: {rep['trunk'] or 'none'}")
