@@ -90,6 +90,12 @@ def test_a_default_max_batch_over_the_budget_is_lowered_to_the_largest_that_fits
     assert tiny["max_batch"] == 1 and not tiny["memory"]["fits"] and tiny["memory"]["reduced_from"] == DEFAULT_MAX_BATCH
 
 
+def test_a_lowered_build_is_byte_identical_each_time(cnn_onnx):
+    budget = planned_peak(compile_onnx(cnn_onnx, name="m", input_shape=CNN_SHAPE, max_batch=20).report["memory"])
+    a, b = (compile_onnx(cnn_onnx, name="m", input_shape=CNN_SHAPE, memory_budget=budget).files for _ in range(2))
+    assert a == b and '"maxBatch":20,' in a["m.js"]
+
+
 # ---- in the browser ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
