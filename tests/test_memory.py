@@ -156,18 +156,22 @@ const arr = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, Arra
 const options = { batchSize: %d, epochs: 1, shuffle: false, optimizer: { type: 'adam', lr: 0.01 } };
 const m = await mod.createModel({ canvas, contextRestoreTimeout: 300 });
 const initial = arr(await m.getWeights());
-let error = null, resolved = null, steps = 0;
+let error = null, resolved = null, steps = 0, saved = null;
 try {
   resolved = await m.fit(x, y, { ...options, onStep: ({ step }) => {
     steps++;
     if (step !== args.failAt) return;
-    if (args.how === 'gl-error') gl.enable(0x1234); // INVALID_ENUM on the model's context, as a failed call leaves
-    else lose.loseContext();
+    if (args.how === 'context-lost') return lose.loseContext();
+    gl.enable(0x1234); // INVALID_ENUM on the model's context, as a failed call leaves
+    // a save between two steps after the error must not swallow it (getError clears the flag it reads)
+    if (args.how === 'gl-error-then-save') saved = m.save('memory-during').then(() => 'saved', (e) => e.code);
   } });
 } catch (e) { error = { name: e.name, code: e.code, message: e.message }; }
+saved = await saved;
+if (saved) await m.deleteCheckpoint('memory-during');
 const weights = arr(await m.getWeights());
 const probe = x.subarray(0, 4 * 45);
-const after = args.how === 'gl-error' ? Array.from(await m.predict(probe, 4)) : null;
+const after = args.how !== 'context-lost' ? Array.from(await m.predict(probe, 4)) : null;
 // the same model trained on the steps before the snapshot alone
 const fresh = await mod.createModel();
 await fresh.fit(x.subarray(0, args.snapshotAt * %d * 45), y.subarray(0, args.snapshotAt * %d), options);
@@ -175,11 +179,11 @@ const reference = arr(await fresh.getWeights());
 const referenceY = Array.from(await fresh.predict(probe, 4));
 fresh.dispose();
 m.dispose();
-return { error, resolved: resolved && resolved.loss.length, steps, initial, weights, reference, after, referenceY };
+return { error, resolved: resolved && resolved.loss.length, steps, initial, weights, reference, after, referenceY, saved };
 """ % (BATCH, BATCH, BATCH)
 
 
-@pytest.mark.parametrize("how", ["gl-error", "context-lost"])
+@pytest.mark.parametrize("how", ["gl-error", "gl-error-then-save", "context-lost"])
 def test_a_gpu_failure_during_fit_rejects_with_the_weights_of_the_last_snapshot(web, mlp, how):
     """The failure comes after step 80 (of 200): the block readback after step 64 found no GL error (it is
     in before step 72's loss readback starts), so the weights go back to the snapshot after step 64. A GL
@@ -195,7 +199,8 @@ def test_a_gpu_failure_during_fit_rejects_with_the_weights_of_the_last_snapshot(
     assert got["resolved"] is None, "the fit must not resolve"
     e = got["error"]
     assert e is not None and e["name"] == "TexelfitError", e
-    if how == "gl-error":
+    if how != "context-lost":
+        assert got["saved"] == ("saved" if how == "gl-error-then-save" else None)
         assert e["code"] == "gpu-error", e
         assert "GL_INVALID_ENUM" in e["message"] and "between steps 64 and 128 of this fit" in e["message"], e
         assert e["message"].endswith("the weights were rolled back to step 64"), e
@@ -207,7 +212,7 @@ def test_a_gpu_failure_during_fit_rejects_with_the_weights_of_the_last_snapshot(
                                       err_msg=name)
         assert np.any(np.asarray(ref) != np.asarray(got["initial"][name])), f"{name}: the reference trained"
         assert np.any(np.asarray(ref) != 0)
-    if how == "gl-error":
+    if how != "context-lost":
         np.testing.assert_array_equal(np.asarray(got["after"], np.float32), np.asarray(got["referenceY"], np.float32))
 
 
