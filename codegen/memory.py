@@ -138,3 +138,54 @@ def role_bytes(plan: LayoutPlan, storage: dict[str, int], trunk_bytes_per_sample
     return {"before": before, "after": after, "total_before": sum(before.values()), "total_after": sum(after.values()),
             "shared_textures": len(storage), "storages": len(shared),
             "trunk_cache_bytes_per_sample": trunk_bytes_per_sample}
+
+
+# The memory a fit or a predict needs at its peak (report.json's "memory", MODEL.memory, createModel's
+# memoryBudget), in bytes of float32 texels (the float32 tier; rgba8 takes as many, float16 fewer):
+#   textures   every texture the runtime allocates at createModel (after sharing storage: role_bytes)
+#   readback   the largest pixel-pack buffer of the run (runtime/gpu.js.j2: read): a fit's block
+#              readback (the loss ring and a half of every weight and optimizer state texture), a
+#              predict's output at max_batch; the page holds a copy of it as it arrives
+#   snapshots  the CPU-side copies of weights and optimizer state kept for a lost context
+#              (runtime/model.js.j2): a fit keeps the latest and the last one confirmed good, otherwise
+#              the one of createModel (or of the last setWeights, restore, fit) alone
+#   upload     the page's staging of uploads: the decoded weights blob (createModel) and the batch's
+#              input, labels and targets rows
+#   peak       textures + 2 * readback + snapshots + upload
+def state_textures(plan: LayoutPlan) -> list:
+    """The textures a snapshot holds (runtime/gpu.js.j2: stateTextureNames): every weight, and the
+    optimizer state (m:, v:) of those that train."""
+    return [t for t in plan.textures.values() if t.role in ("param", "state")]
+
+
+def half_bytes(t) -> int:
+    """The bytes of one half of a texture (a double-buffered one is read one half at a time)."""
+    return t.width * t.height * 16
+
+
+def plan_memory(plan: LayoutPlan, storage: dict[str, int], *, output: str, inputs: list[str], parameters: int,
+                trains: bool) -> dict:
+    """`output`, `inputs`: the texture names of the model's output and inputs; `parameters`: the float32
+    values of the decoded weights; `trains`: whether the bundle trains (else fit_bytes is None)."""
+    tex = plan.textures
+    textures = role_bytes(plan, storage)["total_after"]
+    snapshot = sum(half_bytes(t) for t in state_textures(plan))
+    block = half_bytes(tex["loss"]) + snapshot
+    predict_read = half_bytes(tex[output])
+    stages = sum(half_bytes(tex[n]) for n in [*inputs, "labels", "targets"] if n in tex)
+    upload = 4 * parameters + stages
+    largest = max(tex.values(), key=lambda t: t.bytes)  # (the first of the largest, in the plan's order)
+
+    def run(readback: int, snapshots: int) -> dict:
+        return {"textures": textures, "readback": readback, "snapshots": snapshots, "upload": upload,
+                "peak": textures + 2 * readback + snapshots + upload}
+
+    fit = run(block, 2 * snapshot) if trains else None
+    predict = run(predict_read, snapshot)
+    return {"fit": fit, "predict": predict, "fit_bytes": fit["peak"] if fit else None,
+            "predict_bytes": predict["peak"], "largest_texture": {"name": largest.name, "bytes": largest.bytes}}
+
+
+def planned_peak(memory: dict) -> int:
+    """What a model needs at most: a fit's peak where it trains, else a predict's."""
+    return memory["fit_bytes"] if memory["fit_bytes"] is not None else memory["predict_bytes"]

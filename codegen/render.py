@@ -19,10 +19,13 @@ from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
 from .kernels import render_common, template_env
-from .memory import plan_storage
+from .memory import plan_memory, plan_storage, planned_peak
 from .schedule import Schedule, serialize
 
 VERSION = "0.1.0"
+# The most bytes the runtime moves in one upload or one pixel-pack buffer (runtime/textures.js.j2:
+# TRANSFER_PIECE): a snapshot, a restore or a readback of a large model goes in pieces of it.
+TRANSFER_PIECE_BYTES = 64 << 20
 
 
 def _js_json(obj) -> str:
@@ -60,14 +63,21 @@ def architecture_fingerprint(graph: Graph) -> str:
 
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
                   default_loss: str, weights: Quantized | None = None, storage: dict[str, int] | None = None,
-                  image: dict | None = None, weights_file: bool = False, tokenizer: dict | None = None) -> dict:
+                  image: dict | None = None, weights_file: bool = False, tokenizer: dict | None = None,
+                  memory: dict | None = None, transfer_piece_bytes: int = TRANSFER_PIECE_BYTES) -> dict:
     """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given. `storage`:
     the shared storage of each texture that shares one (codegen/memory.py); planned here when not given.
     `image`: the image input's preprocessing (texelfit.build.image_input), or None. `weights_file`: the
     blob goes into NAME.weights.bin (the bundle carries its name, length and CRC-32) instead of inline.
-    `tokenizer`: {"record": MODEL.tokenizer, "vocab": the tokens} (texelfit/tokenizer.py), or None: no fromText."""
+    `tokenizer`: {"record": MODEL.tokenizer, "vocab": the tokens} (texelfit/tokenizer.py), or None: no fromText.
+    `memory`: the planned memory (codegen/memory.py: plan_memory); planned here when not given.
+    `transfer_piece_bytes`: TRANSFER_PIECE_BYTES (tests make it small, so that small models go in pieces)."""
     if storage is None:
         storage = plan_storage(plan, schedule)
+    if memory is None:
+        memory = plan_memory(plan, storage, output=plan.tensor(graph.output),
+                             inputs=[plan.tensor(t) for t in graph.inputs], parameters=graph.parameter_count(),
+                             trains=bool(graph.trainable_params()))
     kernels, sched, elementwise = serialize(schedule, list(plan.textures))
     if weights is None:
         weights = quantize(graph, "none")
@@ -111,6 +121,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
             "output": out_spec.name,
         },
         "params": params,
+        # the planned peak bytes (of a fit; of a predict where nothing trains) and the largest texture's name and
+        # bytes: createModel's memoryBudget is checked against them (codegen/memory.py: plan_memory)
+        "memory": [planned_peak(memory), memory["largest_texture"]["name"], memory["largest_texture"]["bytes"]],
         # the parameters that train (build --trainable), and the frozen trunk's cut (Graph.trunk): its tensor,
         # the texture holding it, and its per-sample shape and size; null when there is none
         "trainable": graph.trainable_params(),
@@ -139,6 +152,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "elementwise": elementwise,
         # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
         "cpu_kernels": sorted({k["template"] for k in kernels}),
+        "transfer_piece_bytes": transfer_piece_bytes,
         "wide_passes": wide,
         "aliases": bool(graph.aliases),
         "glsl_common_json": _js_json(render_common()),

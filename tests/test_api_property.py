@@ -128,6 +128,7 @@ def test_every_call_resolves_or_rejects_cleanly(page, site, bundle, calls):
             continue
         assert r["texelfit"] and r["name"] == "TexelfitError", (c, r)
         assert r["code"] in codes, f"{c}: code {r['code']!r} is not in the README's table ({r['message']})"
+        assert r["code"] not in ("gpu-error", "out-of-memory"), f"{c}: the GPU failed ({r['message']})"
         assert r["same"], f"{c}: rejected ({r['code']}) but the weights changed"
     assert got["glError"] == 0, f"WebGL error {got['glError']}"
     assert not messages, "\n".join(messages[:5])

@@ -115,18 +115,47 @@ def test_every_source_kind_predicts_like_pytorch(sources, site, web, kind):
         assert got["names"] == sorted(m.state_dict())
 
 
-def test_a_build_over_1_gb_of_textures_warns_and_folded_batch_norm_is_said_once(tmp_path):
-    """A 224x224 conv at the default --max-batch 64 plans more than 1 GB of textures: the build says so, with
-    what to do, and prints the bytes per role; its batch-norm is folded, said once. At --max-batch 4 no warning."""
-    r = texelfit("build", "models:conv_224_bn", "--input-shape", "3,224,224", "--out", str(tmp_path / "big"))
+def test_a_build_over_1_gb_warns_and_the_default_batch_is_reduced_to_fit(tmp_path):
+    """A 224x224 conv at --max-batch 64 plans more than 1 GB (textures, readbacks, snapshots, uploads): given
+    explicitly, the build keeps it and says so, with what to do, and prints the bytes per role; its batch-norm
+    is folded, said once. Not given, the default 64 is lowered to the largest batch that fits the 1 GB budget,
+    and the build says so: no warning. At --max-batch 4 no warning either."""
+    r = texelfit("build", "models:conv_224_bn", "--input-shape", "3,224,224", "--max-batch", "64",
+                 "--out", str(tmp_path / "big"))
     assert r.returncode == 0, r.stderr
-    assert "texelfit: warning: the textures take" in r.stdout and "lower --max-batch" in r.stdout, r.stdout
+    assert "texelfit: warning: a fit needs" in r.stdout and "lower --max-batch" in r.stdout, r.stdout
     assert r.stdout.count("BatchNormalization layer(s) folded") == 1, r.stdout
     assert "texture bytes by role" in r.stdout and "activation" in r.stdout, r.stdout
+    assert "texelfit: memory: a fit needs 1.37 GB at its peak" in r.stdout, r.stdout
+    assert 'texelfit: memory: the largest texture is "act:/2/Relu_output_0" (308.3 MB)' in r.stdout, r.stdout
+    big = json.loads((tmp_path / "big" / "report.json").read_text())["memory"]
+    assert big["max_batch"] == 64 and big["reduced_from"] is None and big["fit_bytes"] > 10 ** 9 and not big["fits"]
+    r = texelfit("build", "models:conv_224_bn", "--input-shape", "3,224,224", "--out", str(tmp_path / "default"))
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "default" / "report.json").read_text())
+    chosen = rep["max_batch"]
+    assert 1 <= chosen < 64 and rep["memory"]["reduced_from"] == 64, rep["memory"]
+    assert f"texelfit: --max-batch {chosen}, not the default 64" in r.stdout, r.stdout
+    assert "warning" not in r.stdout, r.stdout
+    assert rep["memory"]["fit_bytes"] <= 10 ** 9 < big["fit_bytes"]
     r = texelfit("build", "models:conv_224_bn", "--input-shape", "3,224,224", "--max-batch", "4",
                  "--out", str(tmp_path / "small"))
     assert r.returncode == 0, r.stderr
     assert "warning" not in r.stdout, r.stdout
+
+
+def test_memory_budget_takes_bytes_or_units(tmp_path):
+    """--memory-budget 150KB: the MLP plans about 198 KB at the default batch 64, so the build lowers it (and
+    says so); a budget that is not a number of bytes is one line, exit 2."""
+    r = texelfit("build", "models:mlp_45_31_7", "--input-shape", "45", "--memory-budget", "150KB",
+                 "--out", str(tmp_path / "m"))
+    assert r.returncode == 0, r.stderr
+    mem = json.loads((tmp_path / "m" / "report.json").read_text())["memory"]
+    assert mem["budget"] == 150_000 and mem["reduced_from"] == 64 and mem["fits"] and mem["fit_bytes"] <= 150_000
+    assert f"texelfit: --max-batch {mem['max_batch']}, not the default 64" in r.stdout, r.stdout
+    r = texelfit("build", "models:mlp_45_31_7", "--input-shape", "45", "--memory-budget", "lots",
+                 "--out", str(tmp_path / "n"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--memory-budget" in r.stderr, r.stderr
 
 
 def test_build_input_normalize_and_weights_file(sources, tmp_path):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from texelfit.codegen.render import model_context, render_bundle, report
-from texelfit.codegen.memory import plan_storage, role_bytes
+from texelfit.codegen.memory import plan_memory, plan_storage, planned_peak, role_bytes
 from texelfit.codegen.schedule import build_schedule
 from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.fuse import fuse_activations
@@ -42,6 +42,10 @@ DEFAULT_QUANTIZE = "none"
 DEFAULT_PRUNE = 0.0
 FINETUNE_LR = 1e-3
 WEIGHTS_FILE_BYTES = 4 * 1024 * 1024  # weights over 4 MiB go into NAME.weights.bin by default
+DEFAULT_MAX_BATCH = 64
+# The memory a default --max-batch must fit (codegen/memory.py: plan_memory's peak): GPU memory that a
+# phone or a laptop can be expected to give one page. --max-batch given explicitly is kept as given.
+DEFAULT_MEMORY_BUDGET = 10 ** 9
 
 
 @dataclass
@@ -62,23 +66,29 @@ class BuildResult:
     weights: Quantized | None = None
 
 
-def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, loss: str = "cross_entropy",
+def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = None, loss: str = "cross_entropy",
                  quantize: str = DEFAULT_QUANTIZE, prune: float = DEFAULT_PRUNE, round_channels: bool = True,
                  finetune_epochs: int = 0, finetune_data: Data | None = None, finetune_lr: float = FINETUNE_LR,
                  eval_data: Data | None = None, progress: bool = False, trainable: str = "*",
                  input_normalize: str = "none", weights_file: bool | None = None,
-                 input_dtype: str | None = None, tokenizer: str | None = None) -> BuildResult:
-    """`input_normalize`: `--input-normalize` (texelfit/images.py); `weights_file`: ship the weights in
-    NAME.weights.bin beside NAME.js (True), embedded (False), or the former when they exceed
-    WEIGHTS_FILE_BYTES (None, the default); `input_dtype`: `--input-dtype` (prep/load.py: INPUT_DTYPES),
-    which must be what the model declares (None: whatever it declares). `tokenizer`: `--tokenizer PATH`
-    (texelfit/tokenizer.py), a vocab.txt or a folder holding one: the bundle gets m.fromText; the
-    vocabulary always goes into NAME.js, also beside a weights file (text, a few hundred KB, needed
-    before the weights are)."""
+                 input_dtype: str | None = None, tokenizer: str | None = None,
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, transfer_piece_bytes: int | None = None) -> BuildResult:
+    """`max_batch`: `--max-batch`; None (not given): DEFAULT_MAX_BATCH, or the largest batch below it whose
+    planned memory (codegen/memory.py: plan_memory) fits `memory_budget` bytes (`--memory-budget`), the
+    report saying so (report["memory"]["reduced_from"]). `input_normalize`: `--input-normalize`
+    (texelfit/images.py); `weights_file`: ship the weights in NAME.weights.bin beside NAME.js (True),
+    embedded (False), or the former when they exceed WEIGHTS_FILE_BYTES (None, the default); `input_dtype`:
+    `--input-dtype` (prep/load.py: INPUT_DTYPES), which must be what the model declares (None: whatever it
+    declares). `tokenizer`: `--tokenizer PATH` (texelfit/tokenizer.py), a vocab.txt or a folder holding one:
+    the bundle gets m.fromText; the vocabulary always goes into NAME.js, also beside a weights file (text,
+    a few hundred KB, needed before the weights are). `transfer_piece_bytes`: the most bytes the runtime moves in one upload or
+    readback buffer (codegen/render.py: TRANSFER_PIECE_BYTES when None; for tests)."""
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BuildError(f"--name {name!r} must be letters, digits, '-' and '_' only")
-    if not isinstance(max_batch, int) or not 1 <= max_batch <= 4096:
+    if max_batch is not None and (not isinstance(max_batch, int) or not 1 <= max_batch <= 4096):
         raise BuildError(f"--max-batch must be an integer from 1 to 4096, got {max_batch}")
+    if not isinstance(memory_budget, int) or memory_budget < 1:
+        raise BuildError(f"--memory-budget must be a positive number of bytes, got {memory_budget!r}")
     if loss not in LOSSES:
         raise BuildError(f"--loss must be one of {', '.join(LOSSES)}, got {loss!r}")
     if quantize not in MODES:
@@ -133,15 +143,13 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
         acc.update(_evaluate(weights.graph, eval_data, "after_quantize"))
 
     graph = dataclasses.replace(fuse_activations(weights.graph), trainable=trains)
-    plan = plan_layout(graph, max_batch)
-    check_layout(plan)
-    schedule = build_schedule(graph, plan)
-    storage = plan_storage(plan, schedule)
+    plan, schedule, storage, memory, max_batch = plan_batch(graph, max_batch, memory_budget)
     if weights_file is None:
         weights_file = len(weights.blob) > WEIGHTS_FILE_BYTES
     text = {"record": tok.record(length), "vocab": tok.vocab} if tok is not None else None
     ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights, storage, image=image,
-                        weights_file=weights_file, tokenizer=text)
+                        weights_file=weights_file, tokenizer=text, memory=memory,
+                        **({} if transfer_piece_bytes is None else {"transfer_piece_bytes": transfer_piece_bytes}))
     files = render_bundle(ctx)
     if weights_file:
         files[ctx["weights_file"]["name"]] = weights.blob
@@ -153,6 +161,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     rep["trainable_set"] = parameters
     rep["batchnorm_folded"] = sum(layer.op == "batchnorm" for layer in imported.layers)
     rep["max_batch"] = max_batch
+    rep["memory"] = memory
     rep["trunk"] = trunk
     rep["input_normalize"] = image  # fromImages' preprocessing (texelfit.images.preprocess takes it as is)
     rep["tokenizer"] = tok.report(length) if tok is not None else None  # fromText's tokenizer, or None
@@ -167,6 +176,42 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int = 64, los
     rep["accuracy"] = acc or None
     files["report.json"] = json.dumps(rep, indent=2, sort_keys=True) + "\n"
     return BuildResult(graph, plan, files, rep, weights)
+
+
+def plan_batch(graph: Graph, max_batch: int | None, budget: int):
+    """(plan, schedule, storage, memory, max_batch) at `max_batch`; when it is None, at DEFAULT_MAX_BATCH or,
+    where that plans more than `budget` bytes, at the largest batch that fits (batch 1 when none does:
+    memory["fits"] then says so). memory: plan_memory's, with the budget and the batch's story."""
+    def at(batch):
+        plan = plan_layout(graph, batch)
+        check_layout(plan)
+        schedule = build_schedule(graph, plan)
+        storage = plan_storage(plan, schedule)
+        memory = plan_memory(plan, storage, output=plan.tensor(graph.output),
+                             inputs=[plan.tensor(t) for t in graph.inputs], parameters=graph.parameter_count(),
+                             trains=bool(graph.trainable_params()))
+        return plan, schedule, storage, memory
+
+    batch = DEFAULT_MAX_BATCH if max_batch is None else max_batch
+    planned = at(batch)
+    reduced_from = None
+    if max_batch is None and planned_peak(planned[3]) > budget:
+        reduced_from = batch
+        lo, hi, best = 1, batch - 1, None  # the largest batch that fits (memory grows with the batch)
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            trial = at(mid)
+            if planned_peak(trial[3]) <= budget:
+                lo, best, batch = mid + 1, trial, mid
+            else:
+                hi = mid - 1
+        if best is None:
+            batch, best = 1, at(1)
+        planned = best
+    plan, schedule, storage, memory = planned
+    memory = {**memory, "budget": budget, "fits": planned_peak(memory) <= budget, "max_batch": batch,
+              "max_batch_given": max_batch is not None, "reduced_from": reduced_from}
+    return plan, schedule, storage, memory, batch
 
 
 def image_input(shape, mode: str) -> dict | None:
@@ -277,11 +322,12 @@ def digits_data(input_shape) -> tuple[Data, Data]:
 
 
 def build(source: str, out: str, *, name: str | None = None, weights: str | None = None, input_shape=None,
-          max_batch: int = 64, loss: str = "cross_entropy", quantize: str = DEFAULT_QUANTIZE,
+          max_batch: int | None = None, loss: str = "cross_entropy", quantize: str = DEFAULT_QUANTIZE,
           prune: float = DEFAULT_PRUNE, round_channels: bool = True, finetune_epochs: int = 0,
           finetune_data: str | None = None, finetune_lr: float = FINETUNE_LR, eval_data: str | None = None,
           trust_pickle: bool = False, progress: bool = False, trainable: str = "*", input_normalize: str = "none",
-          weights_file: bool | None = None, inputs=None, input_dtype=None, tokenizer: str | None = None) -> BuildResult:
+          weights_file: bool | None = None, inputs=None, input_dtype=None, tokenizer: str | None = None,
+          memory_budget: int = DEFAULT_MEMORY_BUDGET) -> BuildResult:
     """`inputs`: the input names of a PyTorch source with several (--inputs), `input_shape` then one shape per
     input; `input_dtype`: --input-dtype (one for every input, or a list of one per input)."""
     result = compile_source(source, name=name, weights=weights, input_shape=input_shape, inputs=inputs,
@@ -289,7 +335,8 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
                             loss=loss, quantize=quantize, prune=prune, round_channels=round_channels,
                             finetune_epochs=finetune_epochs, finetune_data=finetune_data, finetune_lr=finetune_lr,
                             eval_data=eval_data, trust_pickle=trust_pickle, progress=progress, trainable=trainable,
-                            input_normalize=input_normalize, weights_file=weights_file, tokenizer=tokenizer)
+                            input_normalize=input_normalize, weights_file=weights_file, tokenizer=tokenizer,
+                            memory_budget=memory_budget)
     write_files(out, result.files)
     return result
 

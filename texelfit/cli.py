@@ -99,6 +99,20 @@ def _count(minimum: int):
     return parse
 
 
+def _bytes(text: str) -> int:
+    """--memory-budget: bytes, a whole number, or with a unit: 512MB, 1.5GB, 2GiB."""
+    units = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30}
+    t = text.strip().upper()
+    number = t.rstrip("KMGIB")
+    try:
+        v = float(number) * units[t[len(number):]]
+    except (ValueError, KeyError):
+        v = float("nan")
+    if not 1 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of bytes (e.g. 1000000000, 512MB, 2GB), got {text!r}")
+    return int(v)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"texelfit: error: {message}\n")
@@ -117,7 +131,12 @@ def _model_options(b, *, sweep=False):
                    help="element type of the input: float32, or int64 / int32 token ids (an nn.Embedding's input); "
                         "with --inputs one for all of them or one per input, comma-separated (int64,int64); "
                         "default: float32 for PyTorch sources, what an ONNX file declares")
-    b.add_argument("--max-batch", type=_count(1), default=64, help="largest batch predict and fit accept (default 64)")
+    b.add_argument("--max-batch", type=_count(1), default=None,
+                   help="largest batch predict and fit accept (default 64, or the largest batch below it whose planned "
+                        "memory fits --memory-budget)")
+    b.add_argument("--memory-budget", type=_bytes, default=None, metavar="BYTES",
+                   help="the memory (textures, readbacks, snapshots, uploads) that the default --max-batch must fit: "
+                        "bytes, or 512MB, 2GB (default 1GB)")
     b.add_argument("--loss", choices=["cross_entropy", "mse"], default="cross_entropy")
     b.add_argument("--quantize", choices=["fp16", "int8", "none"], default="none",
                    help="how the weights are shipped: none = float32 (default: the bundle is your model, exactly), "
@@ -216,7 +235,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _options(args) -> dict:
-    return dict(weights=args.weights, input_shape=_input_shape(args), inputs=args.inputs, input_dtype=args.input_dtype,
+    budget = {} if args.memory_budget is None else {"memory_budget": args.memory_budget}
+    return dict(**budget, weights=args.weights, input_shape=_input_shape(args), inputs=args.inputs,
+                input_dtype=args.input_dtype,
                 max_batch=args.max_batch, loss=args.loss,
                 quantize=args.quantize, round_channels=args.round_channels, finetune_epochs=args.finetune_epochs,
                 finetune_data=args.finetune_data, finetune_lr=args.finetune_lr, eval_data=args.eval_data,
@@ -229,12 +250,13 @@ def _untrained_note(args):
               f"{DEFAULT_CHECKPOINT}", file=sys.stderr)
 
 
-TEXTURE_WARN_BYTES = 10 ** 9  # a build over this warns: GPU memory that a phone or a laptop may not have
+MEMORY_WARN_BYTES = 10 ** 9  # a build over this warns: GPU memory that a phone or a laptop may not have
 
 
 def cmd_build(args) -> None:
     from texelfit.build import build
-    from texelfit.report import format_role_bytes, format_table
+    from texelfit.codegen.memory import planned_peak
+    from texelfit.report import format_memory, format_role_bytes, format_table
 
     _untrained_note(args)
     result = build(args.source, args.out, name=args.name, prune=args.prune, trainable=args.trainable,
@@ -258,10 +280,14 @@ def cmd_build(args) -> None:
     if rep["batchnorm_folded"]:
         print(f"texelfit: note: {rep['batchnorm_folded']} BatchNormalization layer(s) folded into the conv or dense "
               "layer before them: they stay folded (inference form) while training")
-    if rep["texture_bytes_by_role"]["total_after"] > TEXTURE_WARN_BYTES:
-        print(f"texelfit: warning: the textures take {rep['texture_bytes_by_role']['total_after'] / 1e9:.2f} GB at "
-              f"--max-batch {rep['max_batch']}, more than 1 GB: many devices cannot hold that; lower --max-batch "
-              "(or freeze more with --trainable)")
+    print(format_memory(rep["memory"]))
+    peak = planned_peak(rep["memory"])
+    if peak > MEMORY_WARN_BYTES:
+        what = "a fit" if rep["memory"]["fit"] else "a predict"
+        textures = rep["texture_bytes_by_role"]["total_after"]
+        print(f"texelfit: warning: {what} needs {peak / 1e9:.2f} GB at --max-batch {rep['max_batch']} (the textures "
+              f"{textures / 1e9:.2f} GB), more than 1 GB: many devices cannot hold that; lower --max-batch (or freeze "
+              "more with --trainable)")
     if rep["trainable"] != [r["name"] for layer in rep["layers"] for r in layer["params"].values()]:
         print(f"texelfit: trains {len(rep['trainable'])} of the parameter tensors ({', '.join(rep['trainable']) or 'none'}); "
               f"frozen trunk: {rep['trunk'] or 'none'}")

@@ -189,3 +189,29 @@ def format_role_bytes(roles: dict) -> str:
     if roles["trunk_cache_bytes_per_sample"]:
         lines.append(f"trunk cache (page memory, not a texture): {roles['trunk_cache_bytes_per_sample']} B a sample of a fit")
     return "\n".join(lines)
+
+
+def _mb(n: int) -> str:
+    for unit, size in (("GB", 10 ** 9), ("MB", 10 ** 6), ("KB", 10 ** 3)):
+        if n >= size:
+            return f"{n / size:.{2 if unit == 'GB' else 1}f} {unit}"
+    return f"{n} B"
+
+
+def format_memory(memory: dict) -> str:
+    """The planned memory (codegen/memory.py: plan_memory) as summary lines: a fit's and a predict's peak,
+    what they are made of, the largest texture, and the batch the budget chose."""
+    lines = []
+    for what in ("fit", "predict"):
+        m = memory[what]
+        if m is None:
+            continue
+        lines.append(f"texelfit: memory: a {what} needs {_mb(m['peak'])} at its peak ({_mb(m['textures'])} of textures, "
+                     f"{_mb(m['readback'])} readback, {_mb(m['snapshots'])} of snapshots, {_mb(m['upload'])} of uploads)")
+    big = memory["largest_texture"]
+    lines.append(f"texelfit: memory: the largest texture is \"{big['name']}\" ({_mb(big['bytes'])})")
+    if memory["reduced_from"] is not None:
+        lines.append(f"texelfit: --max-batch {memory['max_batch']}, not the default {memory['reduced_from']}: at "
+                     f"{memory['reduced_from']} the model plans more than the memory budget of {_mb(memory['budget'])} "
+                     "(--memory-budget); give --max-batch to choose")
+    return "\n".join(lines)
