@@ -162,17 +162,6 @@ class LinearTwice(nn.Module):
         return self.out(torch.relu(self.fc(torch.relu(self.fc(x)))))
 
 
-def test_a_tie_texelfit_cannot_train_fails_the_build_naming_it_and_builds_frozen():
-    torch.manual_seed(0)
-    m = LinearTwice().eval()
-    onnx_model = export_simplified(m, (8,))
-    with pytest.raises(BuildError, match=r"'fc\.weight': a tied parameter"):
-        compile_onnx(onnx_model, name="m", input_shape=(8,), max_batch=4)
-    result = compile_onnx(onnx_model, name="m", input_shape=(8,), max_batch=4, trainable="out.*")
-    assert sorted(result.report["trainable"]) == ["out.bias", "out.weight"]
-    assert result.report["trainable_set"]["frozen"] == ["fc.bias", "fc.weight"]
-
-
 class ConstantIndices(nn.Module):
     """A table read at constant indices of two axes, then a column of it: texelfit trains such a read only added to
     attention's scores (T5's relative-position bias)."""
@@ -185,17 +174,6 @@ class ConstantIndices(nn.Module):
 
     def forward(self, x):
         return self.fc(x + self.table[self.idx][:, :, 0].reshape(-1))
-
-
-def test_a_parameter_read_in_a_way_that_does_not_train_fails_the_build_naming_it():
-    """The build names the parameter; frozen (left out of --trainable), it is computed into a constant."""
-    torch.manual_seed(0)
-    m = ConstantIndices().eval()
-    onnx_model = export_simplified(m, (6,))
-    with pytest.raises(BuildError, match=r"parameter 'table' read at constant indices of two axes"):
-        compile_onnx(onnx_model, name="m", input_shape=(6,), max_batch=4)
-    result = compile_onnx(onnx_model, name="m", input_shape=(6,), max_batch=4, trainable="fc.*")
-    assert result.report["trainable_set"]["frozen"] == ["table"]
 
 
 class Folded(nn.Module):
@@ -211,15 +189,31 @@ class Folded(nn.Module):
         return self.fc(x) * (self.scale * 2)
 
 
-def test_parameters_computed_away_or_unused_are_named():
+# model, input shape, what the build says with every parameter trainable, --trainable that freezes the culprit,
+# what is then frozen, and what forward does not use
+REFUSED = {
+    "tie of two dense layers": (LinearTwice, (8,), r"'fc\.weight': a tied parameter", "out.*", ["fc.bias", "fc.weight"],
+                                []),
+    "table read at constant indices of two axes": (
+        ConstantIndices, (6,), r"parameter 'table' read at constant indices of two axes", "fc.*", ["table"], []),
+    "parameter computed into a constant": (
+        Folded, (4,), r"'scale': the ONNX exporter computed it into a constant", "fc.*", ["scale"],
+        ["spare.bias", "spare.weight"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_parameter_that_would_not_train_fails_the_build_naming_it_and_builds_frozen(case):
+    """The build names the parameter and why; left out of --trainable it ships frozen (a constant), and the report
+    lists it, and the parameters forward does not use."""
+    factory, shape, says, trainable, frozen, unused = REFUSED[case]
     torch.manual_seed(0)
-    m = Folded().eval()
-    onnx_model = export_simplified(m, (4,))
-    with pytest.raises(BuildError, match=r"'scale': the ONNX exporter computed it into a constant"):
-        compile_onnx(onnx_model, name="m", input_shape=(4,), max_batch=4)
-    result = compile_onnx(onnx_model, name="m", input_shape=(4,), max_batch=4, trainable="fc.*")
-    assert result.report["trainable_set"]["unused"] == ["spare.bias", "spare.weight"]
-    assert result.report["trainable_set"]["frozen"] == ["scale"]
+    onnx_model = export_simplified(factory().eval(), shape)
+    with pytest.raises(BuildError, match=says):
+        compile_onnx(onnx_model, name="m", input_shape=shape, max_batch=4)
+    result = compile_onnx(onnx_model, name="m", input_shape=shape, max_batch=4, trainable=trainable)
+    assert result.report["trainable_set"]["frozen"] == frozen
+    assert result.report["trainable_set"]["unused"] == unused
 
 
 def test_export_is_deterministic_and_keeps_real_values():
@@ -257,7 +251,8 @@ def test_a_tied_gpt2_trains_like_pytorch(web, site, opt, backend):
 
 @pytest.mark.parametrize("case,opt,backend", [
     ("encoder", "sgd_momentum_wd", None), ("encoder", "adam", None), ("distilbert", "sgd", None),
-    ("distilbert", "adam", {"backend": "cpu"}), ("vit", "sgd_nesterov", None), ("t5_encoder", "adam", None),
+    ("distilbert", "adam", {"backend": "cpu"}), ("vit", "sgd_nesterov", None), ("vit", "adam", None),
+    ("deit", "sgd", {"backend": "cpu"}), ("deit", "adam", None), ("t5_encoder", "adam", None),
     ("t5_encoder", "sgd_momentum_wd", {"precision": "rgba8"}),
 ])
 def test_fresh_models_train_like_pytorch(web, site, case, opt, backend):
@@ -265,17 +260,18 @@ def test_fresh_models_train_like_pytorch(web, site, case, opt, backend):
     has a gradient of exactly zero in exact arithmetic (the softmax cancels it): under Adam both sides train
     rounding noise there (helpers.check_training's `noise`)."""
     factory, shape, ids = MODELS[case]
-    noise = None
-    if opt == "adam":
-        noise = {"layer.self_attn.in_proj_bias": slice(16, 32)} if case == "encoder" else \
-            {"m.distilbert.transformer.layer.0.attention.k_lin.bias": slice(0, 16)}
+    keys = {"encoder": "layer.self_attn.in_proj_bias", "distilbert": "m.distilbert.transformer.layer.0.attention.k_lin.bias",
+            "vit": "m.vit.layers.0.attention.k_proj.bias",
+            "deit": "m.deit.layers.0.attention.k_proj.bias"}
+    noise = {keys[case]: slice(16, 32) if case == "encoder" else slice(0, 16)} if opt == "adam" and case in keys else None
 
     def make():
         return factory()
 
     make.__name__ = f"fresh_{case}_{opt}"
-    check_training(web, site, make, shape, opt, "cross_entropy", samples=6, batch_size=2, epochs=1, tol_w=TRAJ_W,
-                   tol_loss=TRAJ_LOSS, seed=11, options=backend, max_batch=4, ids=ids, noise=noise)
+    got = check_training(web, site, make, shape, opt, "cross_entropy", samples=6, batch_size=2, epochs=1, tol_w=TRAJ_W,
+                         tol_loss=TRAJ_LOSS, seed=11, options=backend, max_batch=4, ids=ids, noise=noise)
+    assert sorted(got["weights"]) == sorted(make().state_dict())  # getWeights is keyed as the state_dict
 
 
 def _fresh_torchvision_vit():
