@@ -13,8 +13,9 @@ The runtime is a small interpreter over what this module returns:
 
 A parameter several layers read (a tied one, layout.param_grad_parts) has each reader's gradient written apart
 (pgrad0:P, pgrad1:P, ...: passes of train_backward too) and their sum last in the backward (pgrad:P), the
-pass whose kernel its optimizer includes. Only trainable parameters (Graph.trainable) have optimizer passes; with none, there is no loss
-either. The backward has passes only for tensors that depend on a trainable parameter.
+pass whose kernel its optimizer includes. Only trainable parameters (Graph.trainable) have optimizer passes;
+with none, there is no loss either. The backward has passes only for tensors that depend on a trainable
+parameter.
 
 A pass is {kernel, inputs (texture per sampler, in the kernel's order),
 outputs (textures, one per render target), rows}. `rows` says what part of the

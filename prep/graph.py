@@ -344,7 +344,7 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
         return None
 
     def weight(node, i) -> np.ndarray:
-        name = node.input[i]
+        name = param_views.get(node.input[i], node.input[i])
         arr = consts.get(name)
         if not isinstance(arr, np.ndarray) or name not in initializer_names:
             raise BuildError(f"{_where(node)}: input {i} ({name!r}) must be a weight initializer; "
@@ -360,7 +360,7 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
         prep.load after constant folding)."""
         if source is None:
             arr = weight(node, i)
-            name = source = node.input[i]
+            name = source = param_views.get(node.input[i], node.input[i])
         else:
             arr, name = np.asarray(consts[source], dtype=np.float32), source
         transposed = False
@@ -380,7 +380,7 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
         elif uses[source] > 1 or owner != source:
             # an initializer shared by several layers (an ONNX file may dedupe equal tensors): untied, under the
             # state_dict name its node's scope gives where that is free (a PyTorch source's: prep/trust.py fails)
-            name = _scope_name(node, i if source == node.input[i] else None, source)
+            name = _scope_name(node, i if source == param_views.get(node.input[i], node.input[i]) else None, source)
             if name is None or name in params or name in initializer_names:
                 name = f"{owner}@{node.name or len(params)}"
         params[name] = Param(name, arr, transposed, owner if name != owner else None)
@@ -396,10 +396,7 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
 
     for node in g.node:
         op, a = node.op_type, _attrs(node)
-        if any(t in param_views for t in node.input):
-            for k, t in enumerate(node.input):
-                node.input[k] = param_views.get(t, t)
-        ins = list(node.input)
+        ins = [param_views.get(t, t) for t in node.input]
         out = node.output[0] if node.output else None
         if op in ("Conv", "MaxPool", "AveragePool") and ins and ins[0] not in consts and (
                 alias.get(ins[0], ins[0]) in twin_2d or len(shapes.get(alias.get(ins[0], ins[0]), ())) == 2):
@@ -456,8 +453,7 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
                 consts[out] = value
                 continue
         if op == "Gather" and ins[0] in trainable_names and (trains is None or trains(ins[0])) and \
-                int(a.get("axis", 0)) == 0 and isinstance(consts.get(ins[1]), np.ndarray) and np.issubdtype(consts[ins[1]].dtype, np.integer) and \
-                consts[ins[1]].ndim == 2 and consts[ins[1]].shape[0] != 1:
+                _same_rows_each_sample(a, consts.get(ins[1]), rank=2):
             # a parameter table read at constant indices [T1, T2] (T5's relative-position bias: buckets of the
             # query-key distances), the same for every sample: an embedding of the T1 * T2 ids, (T1*T2, F) a sample,
             # seen as the ONNX tensor [T1, T2, F] without a batch axis until an Add puts it on attention's scores
@@ -490,8 +486,9 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
             v = lz(ins[k])
             if not batched or ins[k] in table_views or [d for d in v.sizes()[1:]] != list(shape):
                 raise BuildError(f"{_where(node)}: parameter {table!r} read at constant indices (ONNX shape "
-                                 f"{list(shape)}) is supported added to a tensor of ONNX shape [N, {', '.join(map(str, shape))}]"
-                                 f" (attention's scores), not to one of shape {v.sizes()}")
+                                 f"{list(shape)}) is supported added to a tensor of ONNX shape "
+                                 f"[N, {', '.join(map(str, shape))}] (attention's scores), not to one of shape "
+                                 f"{v.sizes()}")
             x = materialise(ins[k], "rows", op, _where(node))[0]
             bias = f"{out}:table"
             view(node, src, ops + [("reshape", shapes[x])], out=bias, name=f"{node.name}:table")
@@ -1007,11 +1004,14 @@ def _strip_ones(shape) -> tuple[int, ...]:
     return shape
 
 
-def _same_rows_each_sample(a, idx) -> bool:
+def _same_rows_each_sample(a, idx, rank: int = 1) -> bool:
     """Whether a Gather's indices `idx` pick rows (axis 0) of a table, the same rows for every sample: a
-    constant [T] or [1, T] (the batch axis broadcast)."""
-    return int(a.get("axis", 0)) == 0 and isinstance(idx, np.ndarray) and np.issubdtype(idx.dtype, np.integer) and \
-        (idx.ndim == 1 or (idx.ndim == 2 and idx.shape[0] == 1))
+    constant [T] or [1, T] (the batch axis broadcast); with `rank` 2, a constant [T1, T2] (T1 > 1)."""
+    if int(a.get("axis", 0)) != 0 or not isinstance(idx, np.ndarray) or not np.issubdtype(idx.dtype, np.integer):
+        return False
+    if rank == 2:
+        return idx.ndim == 2 and idx.shape[0] != 1
+    return idx.ndim == 1 or (idx.ndim == 2 and idx.shape[0] == 1)
 
 
 def _embedding(node, a, ids, table: str, params, shapes, padding_idx) -> Layer:

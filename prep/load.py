@@ -16,8 +16,8 @@ Every model then goes through onnxsim.
 from __future__ import annotations
 
 import importlib
-import json
 import io
+import json
 import os
 import pickle
 import sys
@@ -93,9 +93,9 @@ def export_simplified(module, input_shape, inputs=None, input_dtype="float32"):
     folded = {n: why for n, why in folded.items() if n not in unused}
     model = simplify(exported, protect=claimed)
     kept = {i.name.split("@")[0] for i in model.graph.initializer}
-    unused |= {n for n in claimed if n.split("@")[0] not in kept}  # read only by what onnxsim found dead
-    kept = set(dict(module.named_buffers()))  # (a tied parameter's second state_dict key is no buffer)
-    buffers = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items() if k in kept}
+    unused |= {n.split("@")[0] for n in claimed} - kept  # read only by what onnxsim found dead
+    buffer_names = set(dict(module.named_buffers()))  # (a tied parameter's second state_dict key is no buffer)
+    buffers = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items() if k in buffer_names}
     model = restore_state_dict_names(model, buffers)
     _set_meta(model, PARAMETERS_KEY, sorted(named))
     first = {id(p): n for n, p in named.items()}
