@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from texelfit.prep.ir import Graph
 from texelfit.prep.layout import LayoutPlan, TextureSpec
-from texelfit.prep.load import BuildError
+from texelfit.prep.errors import BuildError
 
 from . import ops
 from .kernels import Kernel, Pass, render_kernel, source_id

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .load import BuildError
+from .errors import BuildError
 
 N = "N"
 

@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from .ir import WEIGHTED, Graph, Param
-from .load import BuildError
+from .errors import BuildError
 
 
 def fold_batchnorm(graph: Graph) -> Graph:

@@ -19,10 +19,11 @@ import numpy as np
 from . import batch_axis as ba
 from . import elementwise as ew
 from .elementwise import BY_ONNX
+from .errors import BuildError
 from .ir import Graph, Layer, Param
 from . import onnx_shape, resample
 from .load import ALIASES_KEY, INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_SHAPES_KEY, TIED_KEY, \
-    TRANSPOSED_KEY, BuildError, initializer_arrays
+    TRANSPOSED_KEY, initializer_arrays
 from .shape import Constant, chain_shape, part_shape
 
 N = "N"  # the batch dimension in symbolic shape values

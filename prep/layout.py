@@ -635,7 +635,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
 
 def check_layout(plan: LayoutPlan) -> None:
     """Fail at build time for a texture that no device could hold, even folded."""
-    from .load import BuildError
+    from .errors import BuildError
 
     for t in plan.textures.values():
         if t.width * t.height > LARGEST_TEXTURE_SIZE ** 2:

@@ -26,14 +26,12 @@ import zipfile
 
 import numpy as np
 
+from .errors import BuildError  # noqa: F401 (every stage raises it; re-exported for older imports)
+
 OPSET = 17
 # the element types an input may have (build --input-dtype): float32 values, or integer token ids (an
 # nn.Embedding's input), which the bundle takes as an Int32Array and stores as exact floats (ids < 2^24)
 INPUT_DTYPES = ("float32", "int64", "int32")
-
-
-class BuildError(Exception):
-    """A problem with the user's input, reported as one line by the CLI."""
 
 
 def load_onnx(source: str, *, weights: str | None = None, input_shape=None,

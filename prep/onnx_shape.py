@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import BuildError
 from .ir import Layer
-from .load import BuildError
 from .shape import MAX_CONSTANT_FLOATS, Constant, chain_shape
 
 N = "N"  # the batch dimension in symbolic shape values (as prep.graph)

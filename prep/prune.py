@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .ir import ELEMENTWISE, POOLS, SOFTMAX, Graph, Layer, operands
-from .load import BuildError
+from .errors import BuildError
 
 
 @dataclass(frozen=True)

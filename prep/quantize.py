@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ir import Graph
-from .load import BuildError
+from .errors import BuildError
 
 MODES = ("none", "fp16", "int8")
 MAGIC = b"TXFW"

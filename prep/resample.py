@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from .load import BuildError
+from .errors import BuildError
 
 Taps = tuple[tuple[tuple[int, float], ...], ...]  # per output index: (input index, weight) pairs
 

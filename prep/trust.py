@@ -24,7 +24,8 @@ import fnmatch
 import json
 
 from .ir import Graph
-from .load import FOLDED_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_KEYS_KEY, TIED_KEY, UNUSED_KEY, BuildError
+from .errors import BuildError
+from .load import FOLDED_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_KEYS_KEY, TIED_KEY, UNUSED_KEY
 
 
 def declared_parameters(model) -> list[str] | None:

@@ -31,7 +31,8 @@ from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
 from texelfit.prep.ir import Graph
 from texelfit.prep.layout import LayoutPlan, check_layout, plan_layout
-from texelfit.prep.load import BuildError, load_onnx
+from texelfit.prep.errors import BuildError
+from texelfit.prep.load import load_onnx
 from texelfit.prep.trust import check_trainable, selected
 from texelfit.prep.prune import apply_prune, check_ratio, plan_prune
 from texelfit.prep.quantize import MODES, Quantized, quantize as quantize_weights
@@ -81,8 +82,8 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
     `--input-dtype` (prep/load.py: INPUT_DTYPES), which must be what the model declares (None: whatever it
     declares). `tokenizer`: `--tokenizer PATH` (texelfit/tokenizer.py), a vocab.txt or a folder holding one:
     the bundle gets m.fromText; the vocabulary always goes into NAME.js, also beside a weights file (text,
-    a few hundred KB, needed before the weights are). `transfer_piece_bytes`: the most bytes the runtime moves in one upload or
-    readback buffer (codegen/render.py: TRANSFER_PIECE_BYTES when None; for tests)."""
+    a few hundred KB, needed before the weights are). `transfer_piece_bytes`: the most bytes the runtime
+    moves in one upload or readback buffer (codegen/render.py: TRANSFER_PIECE_BYTES when None; for tests)."""
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BuildError(f"--name {name!r} must be letters, digits, '-' and '_' only")
     if max_batch is not None and (not isinstance(max_batch, int) or not 1 <= max_batch <= 4096):

@@ -9,7 +9,8 @@ import json
 import os
 import sys
 
-from texelfit.prep.load import INPUT_DTYPES, BuildError
+from texelfit.prep.errors import BuildError
+from texelfit.prep.load import INPUT_DTYPES
 
 DEFAULT_SOURCE = "texelfit.examples:digits_cnn"  # texelfit.examples.DEFAULT_SOURCE (not imported: torch is slow)
 DEFAULT_CHECKPOINT = os.path.join("dist", "digits_cnn.pt")  # texelfit.train.DEFAULT_CHECKPOINT

@@ -84,7 +84,7 @@ def serve(folder: str, port: int, headers: dict | None = None) -> None:
     try:
         httpd = _Server(("127.0.0.1", port), handler)
     except OSError as e:
-        from texelfit.prep.load import BuildError
+        from texelfit.prep.errors import BuildError
 
         raise BuildError(f"cannot serve on 127.0.0.1:{port} ({e.strerror}); choose another --port") from None
     with httpd:

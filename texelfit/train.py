@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from texelfit.prep.load import BuildError
+from texelfit.prep.errors import BuildError
 
 DEFAULT_CHECKPOINT = os.path.join("dist", "digits_cnn.pt")
 DEFAULTS = dict(epochs=20, lr=3e-3, batch_size=32, seed=0)
