@@ -145,15 +145,18 @@ def test_a_memory_budget_below_the_plan_rejects_naming_the_largest_tensor(web, m
     assert_close("predict on the cpu within the budget", got["yCpu"], ref, atol=2e-5, rtol=2e-4)
 
 
-FAIL_DURING_FIT = """
-const mod = await import(args.url);
-const x = new Float32Array(args.x), y = Int32Array.from(args.y);
+# the data, a canvas of the page's own (its context lost at will) and arr(): the start of both pages below
+_PAGE_SETUP = """const x = new Float32Array(args.x), y = Int32Array.from(args.y);
 const canvas = document.createElement('canvas');
 document.body.appendChild(canvas);
 const gl = canvas.getContext('webgl2');
 const lose = gl.getExtension('WEBGL_lose_context');
 const arr = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, Array.from(v)]));
-const options = { batchSize: %d, epochs: 1, shuffle: false, optimizer: { type: 'adam', lr: 0.01 } };
+"""
+
+FAIL_DURING_FIT = """
+const mod = await import(args.url);
+""" + _PAGE_SETUP + """const options = { batchSize: %d, epochs: 1, shuffle: false, optimizer: { type: 'adam', lr: 0.01 } };
 const m = await mod.createModel({ canvas, contextRestoreTimeout: 300 });
 const initial = arr(await m.getWeights());
 let error = null, resolved = null, steps = 0, saved = null;
@@ -237,13 +240,7 @@ def pieces(site):
 
 IN_PIECES = """async (args) => {
 const mod = await import(args.url), whole = await import(args.wholeUrl);
-const x = new Float32Array(args.x), y = Int32Array.from(args.y);
-const canvas = document.createElement('canvas');
-document.body.appendChild(canvas);
-const gl = canvas.getContext('webgl2');
-const lose = gl.getExtension('WEBGL_lose_context');
-const arr = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, Array.from(v)]));
-const options = { batchSize: %d, epochs: 1, shuffle: true, seed: 3, optimizer: { type: 'adam', lr: 0.01 } };
+""" + _PAGE_SETUP + """const options = { batchSize: %d, epochs: 1, shuffle: true, seed: 3, optimizer: { type: 'adam', lr: 0.01 } };
 const proto = WebGL2RenderingContext.prototype, readPixels = proto.readPixels, texSubImage2D = proto.texSubImage2D;
 const calls = { read: 0, upload: 0 };
 proto.readPixels = function (...a) { calls.read++; return readPixels.apply(this, a); };
