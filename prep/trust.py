@@ -29,7 +29,8 @@ from .load import FOLDED_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_KEYS_KEY, TIED_K
 
 
 def declared_parameters(model) -> list[str] | None:
-    """The PyTorch source's parameter names (prep.load), or None for an ONNX file."""
+    """The parameter names prep.load declared (a PyTorch source's named_parameters(), an ONNX file's
+    onnx_parameters()), or None for a model that did not come through prep.load."""
     meta = {p.key: p.value for p in model.metadata_props}
     return json.loads(meta[PARAMETERS_KEY]) if PARAMETERS_KEY in meta else None
 
@@ -44,7 +45,8 @@ def selected(patterns: str, name: str) -> bool:
 def check_trainable(model, graph: Graph, patterns: str) -> dict:
     """The trainable-set check of a build (see the module's docstring). `graph` is the IR as imported (before
     batch-norm folding); returns report.json's "trainable_set": {declared, batchnorm_folded, unused, frozen,
-    untied, consumers}; raises BuildError naming every parameter that would not train as PyTorch trains it."""
+    untied, tied, unrecovered, consumers}; raises BuildError naming every parameter that would not train as
+    PyTorch trains it."""
     meta = {p.key: p.value for p in model.metadata_props}
     declared = declared_parameters(model) or []
     onnx_file = meta.get(SOURCE_KEY) == json.dumps("onnx")
