@@ -448,8 +448,12 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
         if op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice") and ins[0] in trainable_names and \
                 ins[0] in initializer_names and all(t in consts for t in ins[1:] if t):
             value = _fold(node, op, a, [consts[x] if x else None for x in ins])
-            if _strip_ones(np.shape(value)) == _strip_ones(np.shape(consts[ins[0]])):
-                # every value, in the same order, broadcasting as the parameter does (leading 1s aside)
+            users = [n for n in g.node if out in n.input]
+            if _strip_ones(np.shape(value)) == _strip_ones(np.shape(consts[ins[0]])) or (
+                    np.squeeze(value).shape == np.squeeze(consts[ins[0]]).shape and users and
+                    all(n.op_type in BY_ONNX and BY_ONNX[n.op_type].arity == 2 for n in users)):
+                # every value, in the same order, broadcasting as the parameter does (leading 1s aside), or a
+                # per-channel [C, 1, 1] view of a [C] parameter that only elementwise ops read (with its shape)
                 param_views[out] = ins[0]
                 consts[out] = value
                 continue
@@ -687,7 +691,8 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
                 _unsupported_attr(node, "training_mode", 1, "only the inference form can be folded")
             x = act(ins[0])
             stats = {k: weight(node, i).reshape(-1) for i, k in enumerate(("scale", "bias", "mean", "var"), 1)}
-            layers.append(Layer("batchnorm", node.name, [x], [out], dict(stats, eps=float(a.get("epsilon", 1e-5)))))
+            layers.append(Layer("batchnorm", node.name, [x], [out], dict(stats, eps=float(a.get("epsilon", 1e-5)),
+                                                                         names=(ins[1], ins[2]))))
             shapes[out] = shapes[x]
             continue
         if op == "Add" and len([i for i in ins if i not in consts]) == 1:
@@ -802,8 +807,10 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
                                 [rows_out(out, v, shapes[x][1])]))
             continue
         if op in BY_ONNX:
+            # a parameter read through a view broadcasts in the view's shape (a [C] scale as [C, 1, 1])
+            view_shapes = {ins[k]: np.shape(consts[t]) for k, t in enumerate(node.input[:2]) if t in param_views}
             layers.append(_elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names,
-                                       trainable_names))
+                                       trainable_names, view_shapes))
             continue
         if op == "Concat":
             operands = [batch_consts[i] if i in batch_consts else act(i) for i in ins]
@@ -1209,7 +1216,8 @@ def _broadcast_shapes(node, full: list[tuple]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names, trainable_names) -> Layer:
+def _elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names, trainable_names,
+                 view_shapes=None) -> Layer:
     """An elementwise layer (prep/elementwise.py) from its ONNX node: the declaration's attributes, its
     operands (activations, constants baked into the kernel, or trainable parameters: an initializer that
     is an nn.Parameter, such as a layer scale, or a PRelu slope) broadcast to the output's shape."""
@@ -1235,7 +1243,7 @@ def _elementwise(node, out, a, ins, consts, shapes, act, param, initializer_name
     full = []
     for t in operand_ins:
         if t in consts:
-            full.append(tuple(np.shape(consts[t])))
+            full.append(tuple((view_shapes or {}).get(t, np.shape(consts[t]))))
         else:
             full.append((N,) + tuple(shapes[act(t)]))
     if all(t in consts for t in operand_ins):
