@@ -9,11 +9,14 @@ from loads of its input textures at computed texel coordinates, in the channel-p
     m = k.let("m", -3.0e38)
     with k.loop("j", c4) as j:                     for (int j = 0; j < c4; j++)
         k.set(m, maximum(m, hmax(load("X", ROW, base + j))))
+    with k.when(m > 0.0): ...                      if (m > 0.0) { ... }
     k.out(exp(load("X", ROW, COL) - m))            out0: the texel written
 
-Expressions are trees of `X` nodes: constants (Python ints and floats lift to int and float), `ROW`, `COL`,
-`uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, arithmetic (a vec4 with a float
-broadcasts), exp, log, sqrt, abs, maximum, minimum, comparisons, `select(cond, a, b)`, `dot`, `hmax`, `hsum`, and
+Expressions are trees of `X` nodes: constants (Python ints and floats lift to int and float), shape constants
+(`k.sym(name, value)`: a literal in GLSL, read from the kernel's constants in JavaScript), `ROW`, `COL`,
+`uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `to_float(i)`, arithmetic (a vec4
+with a float broadcasts), exp, log, sqrt, abs, maximum, minimum, comparisons (`a.eq(b)`, `a.ne(b)` for == and !=), & and | of bools,
+`select(cond, a, b)`, `dot`, `hmax`, `hsum`, and
 `valid(cols, j)`: 1.0 in each lane of channel texel j that holds one of `cols` channels, 0.0 in padding lanes
 (`is_valid(cols, j)`: the same as a condition).
 
@@ -55,6 +58,11 @@ class X:
     def __gt__(self, o): return _cmp("gt", self, o)
     def __le__(self, o): return _cmp("le", self, o)
     def __ge__(self, o): return _cmp("ge", self, o)
+    def eq(self, o): return _cmp("eq", self, o)
+    def ne(self, o): return _cmp("ne", self, o)
+
+    def __and__(self, o): return _logic("and", self, o)
+    def __or__(self, o): return _logic("or", self, o)
 
 
 def lift(v) -> X:
@@ -87,6 +95,19 @@ def _cmp(op, a, b) -> X:
     if a.type == "vec4" or b.type == "vec4":
         return X(op, (a, b), type="bvec4")
     return X(op, (a, b), type="bool")
+
+
+def _logic(op, a, b) -> X:
+    if a.type != "bool" or b.type != "bool":
+        raise TypeError(f"kl: {op} of {a.type} and {b.type} (bools only)")
+    return X(op, (a, b), type="bool")
+
+
+def to_float(i) -> X:
+    i = lift(i)
+    if i.type != "int":
+        raise TypeError(f"kl: to_float of a {i.type}")
+    return X("float_of", (i,), type="float")
 
 
 ROW = X("row", type="int")
@@ -150,17 +171,19 @@ def hmax(v: X) -> X:
 
 
 def hsum(v: X) -> X:
-    return X("dot", (v, splat(1.0)), type="float")
+    """The sum of the 4 lanes."""
+    return X("hsum", (v,), type="float")
 
 
-def valid(cols: int, j) -> X:
-    """1.0 in each lane of channel texel j that holds one of the `cols` channels, else 0.0."""
-    return X("valid", (lift(j),), int(cols), "vec4")
+def valid(cols, j) -> X:
+    """1.0 in each lane of channel texel j that holds one of the `cols` channels (an int or a shape constant),
+    else 0.0: lane i of texel j holds channel 4 * j + i."""
+    return X("valid", (lift(j), lift(cols)), type="vec4")
 
 
-def is_valid(cols: int, j) -> X:
+def is_valid(cols, j) -> X:
     """valid(cols, j) as a condition: true in the lanes that hold a channel (for select)."""
-    return X("isvalid", (lift(j),), int(cols), "bvec4")
+    return X("isvalid", (lift(j), lift(cols)), type="bvec4")
 
 
 def var(name: str, type_: str) -> X:
@@ -169,12 +192,13 @@ def var(name: str, type_: str) -> X:
 
 class KernelDef:
     """A kernel's statements: ("let", name, expr), ("set", name, expr), ("for", name, start, stop, body),
-    ("out", i, expr). `inputs`: the textures it loads, in the order they are bound; `outputs`: how many it writes."""
+    ("if", cond, body), ("out", i, expr). `inputs`: the textures it loads, in the order they are bound; `outputs`: how many it writes."""
 
     def __init__(self):
         self._blocks: list[list] = [[]]
         self._names: set[str] = set()
         self.written: set[int] = set()
+        self.symbols: dict[str, int | float] = {}
 
     @property
     def body(self) -> list:
@@ -186,6 +210,17 @@ class KernelDef:
             raise ValueError(f"kl: name {name!r} is taken")
         self._names.add(name)
         return name
+
+    def sym(self, name: str, value) -> X:
+        """A shape constant: baked into the GLSL as its value; the JavaScript function reads it from the kernel's
+        constants (c[name]), so one function serves every layer of the same structure."""
+        if not name.isidentifier() or self.symbols.get(name, value) != value or isinstance(value, bool):
+            raise ValueError(f"kl: symbol {name!r} = {value!r}")
+        self.symbols[name] = value
+        return X("sym", value=(name, value), type="int" if isinstance(value, int) else "float")
+
+    def syms(self, **values) -> list[X]:
+        return [self.sym(k, v) for k, v in values.items()]
 
     def let(self, name: str, e) -> X:
         e = lift(e)
@@ -205,6 +240,16 @@ class KernelDef:
         yield i
         body = self._blocks.pop()
         self._blocks[-1].append(("for", name, lift(start), lift(stop), body))
+
+    @contextmanager
+    def when(self, cond: X):
+        """The statements inside run only where cond (a bool) holds."""
+        if cond.type != "bool":
+            raise TypeError(f"kl: when of a {cond.type}")
+        self._blocks.append([])
+        yield
+        body = self._blocks.pop()
+        self._blocks[-1].append(("if", cond, body))
 
     def out(self, e, i: int = 0) -> None:
         e = lift(e)
@@ -227,6 +272,8 @@ class KernelDef:
             for s in body:
                 if s[0] == "for":
                     walk(s[2]), walk(s[3]), stmts(s[4])
+                elif s[0] == "if":
+                    walk(s[1]), stmts(s[2])
                 else:
                     walk(s[2])
         stmts(self.body)

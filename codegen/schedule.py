@@ -29,6 +29,7 @@ MODEL.sampleBlock targets at once, the one-sample one (false) otherwise.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from texelfit.prep.ir import Graph
@@ -142,9 +143,10 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
             record = {"name": k.name, "source": src, "inputs": list(k.inputs),
                       "outputs": k.outputs, "uniforms": list(k.uniforms),
                       "template": k.template.removesuffix(".glsl.j2"), "consts": _json_consts(k.consts)}
-            if k.kl is not None:
+            if k.kl is not None:  # its shape constants are the function's consts (one function a structure)
                 fn = js(k.kl, list(k.inputs), k.outputs)
                 record["cpu"] = source_id(fn)[:10]
+                record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
                 generated[record["cpu"]] = fn
             kernels.append(record)
         return index[sid]

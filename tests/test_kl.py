@@ -45,7 +45,7 @@ const fn = {fn};
 const t = {json.dumps(tex)};
 const ins = {json.dumps(list(inputs))}.map((n) => ({{ width: t[n].width, data: Float32Array.from(t[n].data) }}));
 const out = {{ width: {out_width}, data: new Float32Array({rows * out_width * 4}) }};
-fn({{}}, ins, [out], {{}}, {rows});
+fn({json.dumps(k.symbols)}, ins, [out], {{}}, {rows});
 console.log(JSON.stringify(Array.from(out.data)));
 """
     got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout

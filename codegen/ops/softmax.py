@@ -24,8 +24,8 @@ _LOWEST = -3.4028234663852886e38
 
 def _forward_kl(c: int, is_log: bool) -> kl.KernelDef:
     """Y = softmax(X) (log_softmax) over the c channels of a position: its texels base .. base + c4 - 1."""
-    c4 = ceil_div(c, 4)
     k = kl.KernelDef()
+    c, c4 = k.syms(c=c, c4=ceil_div(c, 4))
     base = k.let("base", COL // c4 * c4)
     m = k.let("m", _LOWEST)
     with k.loop("j", c4) as j:
@@ -40,8 +40,8 @@ def _forward_kl(c: int, is_log: bool) -> kl.KernelDef:
 
 def _grad_kl(c: int, is_log: bool) -> kl.KernelDef:
     """dX = Y * (dY - sum(dY * Y)); log_softmax: dY - exp(Y) * sum(dY)."""
-    c4 = ceil_div(c, 4)
     k = kl.KernelDef()
+    c, c4 = k.syms(c=c, c4=ceil_div(c, 4))
     base = k.let("base", COL // c4 * c4)
     s = k.let("s", 0.0)
     with k.loop("j", c4) as j:
