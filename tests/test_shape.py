@@ -170,7 +170,7 @@ def test_channel_shuffle_is_one_pass_and_squeezes_are_none():
 # ---- pruning through shape ops --------------------------------------------------------------------
 
 class SpatialSlice(torch.nn.Module):
-    """A slice of H and W keeps the channels: the pruner passes the selection through it."""
+    """A slice of H and W (and a flip of W) keeps the channels: the pruner passes the selection through it."""
 
     def __init__(self):
         super().__init__()
@@ -179,7 +179,7 @@ class SpatialSlice(torch.nn.Module):
         self.fc = torch.nn.Linear(8 * 3 * 3, 5)
 
     def forward(self, x):
-        y = torch.relu(self.a(x))[:, :, 1:, ::2]  # (12, 10, 5)
+        y = torch.flip(torch.relu(self.a(x))[:, :, 1:, ::2], [3])  # (12, 10, 5)
         y = torch.cat([y, y[:, :, :2]], 2)  # (12, 12, 5): a concat on H
         return self.fc(torch.flatten(F.max_pool2d(torch.relu(self.b(y)), (3, 1))[:, :, :3], 1))
 
