@@ -24,7 +24,7 @@ from helpers import TRAJ_LOSS, TRAJ_W, check_op, check_training
 from texelfit.prep.graph import MODULE_HINTS, SUPPORTED_OPS, to_ir
 from texelfit.prep.load import BuildError, export_simplified
 from texelfit.prep.lower import LOWERINGS, lower
-from texelfit.prep.torch_ir import IRModule
+from texelfit.prep.torch_ir import IRModule, export_onnx
 
 BACKENDS = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"}}
 T, F_, H = 5, 8, 2  # tokens, features, heads (of 4)
@@ -207,6 +207,8 @@ def test_the_ir_computes_the_module_and_its_input_gradient(case):
     (ref * torch.linspace(-1, 1, ref.numel()).reshape(ref.shape)).sum().backward()
     torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-5)
     assert set(g.params) == set(dict(m.named_parameters()))  # every parameter under its state_dict name
+    back = to_ir(export_onnx(g), shape)  # import-weights --out .onnx: the IR's own export (a flip: a Slice of step -1)
+    torch.testing.assert_close(IRModule(back)(x.detach()), got.detach(), atol=1e-6, rtol=1e-6)
 
 
 class _Fn(nn.Module):
@@ -263,7 +265,8 @@ def test_einsum_equations_lower_to_what_torch_computes(eq, shapes):
     names = [i.name for i in inputs]
     node = helper.make_node("Einsum", names, ["y"], name="e", equation=eq)
     out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
-    model = helper.make_model(helper.make_graph([node], "g", inputs, [out]), opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(helper.make_graph([node], "g", inputs, [out]),
+                              opset_imports=[helper.make_opsetid("", 17)])
     g = to_ir(model, shapes)
     xs = [torch.randn((2,) + s) for s in shapes]
     got = IRModule(g)(*xs) if len(xs) > 1 else IRModule(g)(xs[0])
