@@ -157,6 +157,7 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
     frozen parameter read at constant indices of two axes is computed into a constant, as it always could be."""
     from onnx import numpy_helper
 
+    _check_supported(model.graph)  # (every unsupported op at once, before a lowering names its own problem)
     # ops that are compositions of supported ones (Einsum, DepthToSpace, CumSum, ...) rewritten into them
     model = lower(model, shape_list(input_shape))
     g = model.graph
@@ -202,7 +203,6 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
     state_shapes = json.loads(meta.get(STATE_SHAPES_KEY, "{}"))
     padding_idx = json.loads(meta.get(PADDING_IDX_KEY, "{}"))
     uses: dict[str, int] = {}
-    _check_supported(g, consts)
 
     # tensors that are one constant sample repeated over the batch (Expand or ConstantOfShape to
     # [N, ...]): per-sample array; only Concat takes them, as constant parts of a gather
@@ -1150,7 +1150,7 @@ def _as_2d(a: dict) -> dict:
     return out
 
 
-def _check_supported(g, consts) -> None:
+def _check_supported(g) -> None:
     """Fail on every ONNX op the IR cannot take, all of them in one message, each with its nodes and the
     PyTorch module it comes from where that is one a user would know."""
     bad: dict[str, list[str]] = {}

@@ -39,8 +39,12 @@ class LowerCtx:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
         self._consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
         for node in model.graph.node:
-            if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-                self._consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+            if node.op_type == "Constant" and node.attribute:
+                a = node.attribute[0]
+                value = numpy_helper.to_array(a.t) if a.name == "value" else \
+                    np.asarray(onnx.helper.get_attribute_value(a)) if a.name.startswith("value_") else None
+                if value is not None:
+                    self._consts[node.output[0]] = value
         self._taken = {t for n in model.graph.node for t in list(n.input) + list(n.output)} | \
             {n.name for n in model.graph.node} | set(self._consts) | {i.name for i in model.graph.input}
         self.new_initializers: list = []

@@ -81,6 +81,9 @@ def _einsum(node, ctx: LowerCtx) -> list:
                 raise BuildError(f"{where_of(node)}: Einsum equation {eq!r}: index {c!r} has sizes {size[c]} and "
                                  f"{d} (broadcasting is not supported)")
     batch = [t[0] for t, k in zip(terms, consts) if not k]  # the index of each activation's batch axis
+    if not batch:
+        raise BuildError(f"{where_of(node)}: Einsum equation {eq!r} of parameters or constants alone: not supported "
+                         "(compute the product in the module's forward from activations, or fold it)")
     if len(set(batch)) != 1 or batch[0] not in out:
         raise BuildError(f"{where_of(node)}: Einsum equation {eq!r} sums over or pairs across the batch axis "
                          f"(index {batch[0]!r}): only per-sample contractions are supported")

@@ -253,6 +253,14 @@ def test_einsum_with_a_parameter_operand_it_cannot_keep_whole_fails():
                                          r"operand: only a 2-D one with one summed index"):
         to_ir(export_simplified(P().eval(), (4, 4)), (4, 4))
 
+    class Q(P):  # a product of two parameters
+        def forward(self, x):
+            return x.flatten(1)[:, :3] @ torch.einsum("ijk,ijl->kl", self.w, self.w)
+
+    with pytest.raises(BuildError, match=r"Einsum node '/Einsum': Einsum equation 'ijk,ijl->kl' of parameters or "
+                                         r"constants alone"):
+        to_ir(export_simplified(Q().eval(), (4, 4)), (4, 4))
+
 
 @pytest.mark.parametrize("eq,shapes", [
     ("bij,bjk->bik", [(3, 4), (4, 5)]), ("bij->bji", [(3, 4)]), ("bij->bi", [(3, 4)]), ("bi,bj->bij", [(3,), (4,)]),
@@ -273,6 +281,41 @@ def test_einsum_equations_lower_to_what_torch_computes(eq, shapes):
     ref = torch.einsum(eq, *xs)
     assert got.shape == ref.shape or (ref.dim() == 1 and got.shape == (2, 1))  # (a sample of one value: (1,))
     torch.testing.assert_close(got.reshape(ref.shape), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("axis,exclusive,reverse,shape", [
+    (1, 0, 0, (4, 6)), (2, 1, 0, (4, 6)), (-1, 0, 1, (4, 6)), (1, 1, 1, (5, 3)), (2, 1, 1, (3, 1)), (2, 0, 0, (3, 1)),
+    (3, 1, 0, (2, 3, 9)),
+])
+def test_cumsum_forms_lower_to_what_numpy_computes(axis, exclusive, reverse, shape):
+    """Hand-made ONNX CumSum nodes, every flag, an axis of 1 and of 9 (not a power of 2): the IR run in PyTorch."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", *shape])
+    ax = onnx.numpy_helper.from_array(np.array(axis, dtype=np.int32), "axis")
+    node = helper.make_node("CumSum", ["x", "axis"], ["s"], name="c", exclusive=exclusive, reverse=reverse)
+    twice = helper.make_node("Add", ["s", "s"], ["y"], name="twice")  # (an output that is the input builds nothing)
+    out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph([node, twice], "g", [x], [out], [ax]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    xs = np.random.default_rng(0).standard_normal((2,) + shape).astype(np.float32)
+    v = np.flip(xs, axis) if reverse else xs
+    ref = np.cumsum(v, axis) - (v if exclusive else 0)
+    ref = 2 * (np.flip(ref, axis) if reverse else ref)
+    got = IRModule(to_ir(model, shape))(torch.from_numpy(xs)).detach().numpy()
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_unsupported_ops_are_listed_before_any_lowering_runs():
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.GRU(4, 4, batch_first=True)
+            self.w = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return torch.einsum("bij,bij->bij", self.rnn(x)[0], x).sum(1)
+
+    with pytest.raises(BuildError, match=r"unsupported ONNX op GRU \(from nn.GRU\)"):
+        to_ir(export_simplified(Both().eval(), (4, 4)), (4, 4))
 
 
 def test_lowered_ops_are_supported_ops_and_lowering_is_deterministic():
