@@ -76,12 +76,12 @@ class LowerCtx:
             self._shapes[name] = tuple(arr.shape)
 
     def shape(self, name: str, node=None) -> tuple:
-        """The static shape of tensor `name`, its first dim the batch, "N" (a tensor whose batch an export
-        moved elsewhere, [T, N * h, d], is not known); a BuildError (naming `node`) where shape inference left
-        a per-sample dim unknown."""
+        """The static shape of tensor `name`, the batch dim "N" (an unknown first dim is taken for it; a
+        tensor whose batch an export merged with another axis, [T, N * h, d], is not known); a BuildError
+        (naming `node`) where shape inference left another dim unknown."""
         s = self._shapes.get(name)
-        if s and s[0] is None and name not in self._consts:  # (inference loses the symbol through a Reshape to -1)
-            s = (N,) + tuple(s[1:])
+        if s and s[0] is None and N not in s and name not in self._consts:
+            s = (N,) + tuple(s[1:])  # (inference loses the symbol through a Reshape to -1)
         if s is None or any(d is None for d in s):
             where = f" (input of {where_of(node)})" if node is not None else ""
             raise BuildError(f"the shape of tensor {name!r}{where} is not known at build time ({s})")

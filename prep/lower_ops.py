@@ -2,8 +2,9 @@
 
 Einsum      the equations of batched matmuls, transposes and reductions (attention's `bhqd,bhkd->bhqk`,
             `bhqk,bhkd->bhqd`, `bij->bji`, `bij->bi`, `...` too): ReduceSum of the indices only one operand
-            has, Transpose, Reshape to [batch..., M, K] and [batch..., K, P] where several indices merge,
-            MatMul, Reshape and Transpose into the output's order. A parameter operand (`bik,jk->bij`) must
+            has, Transpose, Reshape to [batch..., M, K] and [batch..., K, P] where several indices merge (the
+            batch index, the one of size N, first: a 0 in the Reshape's target), MatMul, Reshape and Transpose
+            into the output's order. A parameter operand (`bik,jk->bij`) must
             be 2-D with one summed index: MatMul by it, or Gemm with transB where it is [out, in], so that
             it stays the initializer itself and trains under its state_dict name.
 DepthToSpace, SpaceToDepth
@@ -80,7 +81,7 @@ def _einsum(node, ctx: LowerCtx) -> list:
             if size.setdefault(c, d) != d:
                 raise BuildError(f"{where_of(node)}: Einsum equation {eq!r}: index {c!r} has sizes {size[c]} and "
                                  f"{d} (broadcasting is not supported)")
-    batch = [t[0] for t, k in zip(terms, consts) if not k]  # the index of each activation's batch axis
+    batch = [next((c for c, d in zip(t, s) if d == N), "?") for t, s, k in zip(terms, shapes, consts) if not k]
     if not batch:
         raise BuildError(f"{where_of(node)}: Einsum equation {eq!r} of parameters or constants alone: not supported "
                          "(compute the product in the module's forward from activations, or fold it)")
@@ -117,7 +118,7 @@ def _einsum(node, ctx: LowerCtx) -> list:
         consts = consts[::-1]
     (a, ta), (b, tb) = xs
     shared = [c for c in ta if c in tb]
-    bat = [c for c in shared if c in out]
+    bat = sorted((c for c in shared if c in out), key=lambda c: c != batch[0])  # the batch first: 0 in a Reshape
     con = [c for c in shared if c not in out]
     fa = [c for c in ta if c not in tb]
     fb = [c for c in tb if c not in ta]

@@ -283,6 +283,21 @@ def test_einsum_equations_lower_to_what_torch_computes(eq, shapes):
     torch.testing.assert_close(got.reshape(ref.shape), ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("eq", ["tbf,tbg->bfg", "tbf->btf", "tbf,tbf->bt"])
+def test_einsum_of_operands_whose_batch_axis_the_export_moved(eq):
+    """[T, N, F] operands (x.transpose(0, 1), as nn.MultiheadAttention's export has them): the batch index is
+    the one of size N, moved first for the product (prep/batch_axis.py follows the transposes)."""
+    class Moved(nn.Module):
+        def forward(self, x):
+            t = x.transpose(0, 1)
+            return torch.einsum(eq, *((t, 2 * t) if "," in eq else (t,))) + 1
+
+    m = Moved().eval()
+    g = to_ir(export_simplified(m, (3, 4)), (3, 4))
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(IRModule(g)(x), m(x), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("axis,exclusive,reverse,shape", [
     (1, 0, 0, (4, 6)), (2, 1, 0, (4, 6)), (-1, 0, 1, (4, 6)), (1, 1, 1, (5, 3)), (2, 1, 1, (3, 1)), (2, 0, 0, (3, 1)),
     (3, 1, 0, (2, 3, 9)),
