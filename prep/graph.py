@@ -22,6 +22,7 @@ from .elementwise import BY_ONNX
 from .errors import BuildError
 from .ir import Graph, Layer, Param
 from . import onnx_shape, resample
+from .lower import LOWERINGS, lower
 from .load import ALIASES_KEY, INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_SHAPES_KEY, TIED_KEY, \
     TRANSPOSED_KEY, initializer_arrays
 from .shape import Constant, chain_shape, part_shape
@@ -33,12 +34,14 @@ SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "ConvTranspose", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
      "ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2", "Resize", "Upsample", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
      "Split", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast", "Expand",
-     "ConstantOfShape", "Equal", "Where", "LayerNormalization") + tuple(BY_ONNX)))
-# ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
-MODULE_HINTS = {"InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
-                "GroupNormalization": "nn.GroupNorm", "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN",
-                "Gelu": "nn.GELU", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
-                "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
+     "ConstantOfShape", "Equal", "Where", "LayerNormalization") + tuple(BY_ONNX) + tuple(LOWERINGS)))
+# ONNX ops that are not supported yet, with the PyTorch modules a user would know them by (a lowered op,
+# prep/lower.py, is supported: its hint goes)
+MODULE_HINTS = {k: v for k, v in {
+    "InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d", "GroupNormalization": "nn.GroupNorm",
+    "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN", "Gelu": "nn.GELU", "Einsum": "torch.einsum",
+    "Attention": "nn.MultiheadAttention", "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}.items()
+    if k not in LOWERINGS}
 # ops refused by decision, not by omission: why, in the build error
 _RECURRENT = ("recurrent layers are not supported yet (attention, nn.TransformerEncoderLayer, or a 1-D conv over "
               "the sequence builds)")
@@ -154,6 +157,9 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
     frozen parameter read at constant indices of two axes is computed into a constant, as it always could be."""
     from onnx import numpy_helper
 
+    _check_supported(model.graph)  # (every unsupported op at once, before a lowering names its own problem)
+    # ops that are compositions of supported ones (Einsum, DepthToSpace, CumSum, ...) rewritten into them
+    model = lower(model, shape_list(input_shape))
     g = model.graph
     consts: dict[str, object] = dict(initializer_arrays(model))  # name -> np.ndarray | symbolic list
     inputs = [i for i in g.input if i.name not in consts]
@@ -197,7 +203,6 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
     state_shapes = json.loads(meta.get(STATE_SHAPES_KEY, "{}"))
     padding_idx = json.loads(meta.get(PADDING_IDX_KEY, "{}"))
     uses: dict[str, int] = {}
-    _check_supported(g, consts)
 
     # tensors that are one constant sample repeated over the batch (Expand or ConstantOfShape to
     # [N, ...]): per-sample array; only Concat takes them, as constant parts of a gather
@@ -1145,7 +1150,7 @@ def _as_2d(a: dict) -> dict:
     return out
 
 
-def _check_supported(g, consts) -> None:
+def _check_supported(g) -> None:
     """Fail on every ONNX op the IR cannot take, all of them in one message, each with its nodes and the
     PyTorch module it comes from where that is one a user would know."""
     bad: dict[str, list[str]] = {}
