@@ -251,8 +251,11 @@ def simplify_onnx_file(model, state: dict | None = None):
 _PARAMETER_SLOTS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (0, 1),
                     "LayerNormalization": (1, 2), "BatchNormalization": (1, 2), "PRelu": (1,), "Gather": (0,)}
 # ... and by their name where they feed an elementwise op, an Expand or a Concat (a bias added after a MatMul, a
-# layer scale, a position table, a class token): any name but the exporters' own for constants
-_PARAMETER_READERS = ("Add", "Sub", "Mul", "Div", "Expand", "Concat")
+# layer scale, a position table, a class token) or an InstanceNormalization's scale and bias (nn.InstanceNorm2d's
+# affine weight and bias; nn.GroupNorm exports constant ones and zeros there): any name but the exporters' own for
+# constants
+_PARAMETER_READERS = {"Add": None, "Sub": None, "Mul": None, "Div": None, "Expand": None, "Concat": None,
+                      "InstanceNormalization": (1, 2)}
 
 
 def onnx_parameters(model) -> list[str]:
@@ -260,7 +263,7 @@ def onnx_parameters(model) -> list[str]:
     position tables. An ONNX file does not say which of its initializers PyTorch trained, so: every float
     initializer that a conv, a Gemm, a MatMul, a norm's scale or bias, a PReLU slope or a Gather's table reads,
     and every one named as a state_dict entry is (not onnx::Op_N, /scope/..._output_0, _v_N or val_N) that an
-    elementwise op, an Expand or a Concat reads. A buffer of that kind (a registered sinusoidal table) is taken
+    elementwise op, an Expand, a Concat or an InstanceNormalization (as its scale or bias) reads. A buffer of that kind (a registered sinusoidal table) is taken
     for a parameter: build --trainable leaves it out."""
     from onnx import TensorProto
 
@@ -270,7 +273,9 @@ def onnx_parameters(model) -> list[str]:
         for k, t in enumerate(node.input):
             if t not in floats:
                 continue
-            if k in _PARAMETER_SLOTS.get(node.op_type, ()) or (node.op_type in _PARAMETER_READERS and _named(t)):
+            named_slots = _PARAMETER_READERS.get(node.op_type, ())
+            if k in _PARAMETER_SLOTS.get(node.op_type, ()) or (
+                    node.op_type in _PARAMETER_READERS and (named_slots is None or k in named_slots) and _named(t)):
                 out.add(t)
     return sorted(out)
 

@@ -19,6 +19,7 @@ target written by a lowering keeps it as 0 (copy the input's) or -1.
 """
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 import numpy as np
@@ -36,6 +37,7 @@ class LowerCtx:
         from onnx import numpy_helper, shape_inference
 
         self.model = model
+        self._parameters: set[str] | None = None
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
         self._consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
         for node in model.graph.node:
@@ -90,6 +92,16 @@ class LowerCtx:
     def const(self, name: str):
         """The value of an initializer or a Constant node's output, else None."""
         return self._consts.get(name)
+
+    def is_parameter(self, name: str) -> bool:
+        """Whether `name` is a parameter (prep/load.py records them: PARAMETERS_KEY), which trains whatever its
+        values, as opposed to a constant of the exporter's."""
+        from .load import PARAMETERS_KEY
+
+        if self._parameters is None:
+            meta = {p.key: p.value for p in self.model.metadata_props}
+            self._parameters = set(json.loads(meta.get(PARAMETERS_KEY, "[]")))
+        return name in self._parameters
 
     def fresh(self, hint: str) -> str:
         """A tensor (or node) name used nowhere in the model: `hint`, or `hint_2`, `hint_3`, ..."""
@@ -174,3 +186,4 @@ def lower(model, input_shapes=None):
 
 
 from . import lower_ops  # noqa: E402,F401  (registers Einsum, DepthToSpace, SpaceToDepth, CumSum)
+from . import normalization  # noqa: E402,F401  (registers InstanceNormalization)
