@@ -237,3 +237,228 @@ def test_a_browser_closed_mid_round_does_not_stall(browser, tmp_path):
     assert set(fed.history[-1]["arrays"]) == {"2.weight", "2.bias"}
     for name in ("0.weight", "0.bias"):  # the frozen trunk never travelled and never changed
         assert np.array_equal(fed.full_weights()[name], module.state_dict()[name].numpy())
+
+
+# ---- the bridge's checks, and DP: clients that speak its HTTP protocol from Python ----------------------
+
+def post(url, path, token=None, meta=None, body=b""):
+    """(status, JSON answer) of one POST to the bridge."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if meta is not None:
+        headers["X-Texelfit-Update"] = meta if isinstance(meta, str) else json.dumps(meta)
+    req = urllib.request.Request(url + "/federation/" + path, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def task(url, token):
+    import base64
+
+    while True:
+        status, t = post(url, "task", token)
+        assert status == 200, t
+        if not t.get("wait"):
+            t["flat"] = np.frombuffer(base64.b64decode(t["weights"]), "<f4") if "weights" in t else None
+            return t
+
+
+def update(t, delta, samples, **over):
+    meta = {"round": t["round"], "samples": samples, "loss": 0.5, "format": "float32", "names": t["names"],
+            "sizes": t["sizes"], **over}
+    return meta, np.asarray(delta, "<f4").tobytes()
+
+
+def federation(tmp_path, **settings):
+    make_bundle(tmp_path, trainable="2.*")
+    lines = []
+    fed = Federation(Bundle.load(str(tmp_path)), Settings(min_clients=2, heartbeat=30.0, **settings), log=lines.append)
+    return fed, Bridge(fed).start(), lines
+
+
+def test_bad_updates_are_refused_and_change_nothing(tmp_path):
+    fed, bridge, lines = federation(tmp_path, rounds=2, max_update_norm=5.0)
+    url, size = bridge.url, 330
+    try:
+        a, b = post(url, "join")[1]["token"], post(url, "join")[1]["token"]
+        fed.start()
+        ta, tb = task(url, a), task(url, b)
+        assert ta["round"] == tb["round"] == 1 and ta["names"] == ["2.weight", "2.bias"] and ta["sizes"] == [320, 10]
+        good_a = np.random.default_rng(1).standard_normal(size).astype(np.float32) * 0.05
+        good_b = np.random.default_rng(2).standard_normal(size).astype(np.float32) * 0.05
+        nan = good_a.copy()
+        nan[7] = np.nan
+        bad = {
+            "no token": (None, *update(ta, good_a, 100)),
+            "a forged token": ("forged", *update(ta, good_a, 100)),
+            "a wrong shape": (a, *update(ta, good_a[:-1], 100, sizes=[320, 9])),
+            "a wrong length": (a, *update(ta, good_a[:-1], 100)),
+            "wrong names": (a, *update(ta, good_a, 100, names=["2.bias", "2.weight"])),
+            "NaN": (a, *update(ta, nan, 100)),
+            "over the norm bound": (a, *update(ta, good_a * 1000, 100)),
+            "a future round": (a, *update(ta, good_a, 100, round=2)),
+            "no samples": (a, *update(ta, good_a, 0)),
+            "no metadata": (a, "not json", b""),
+        }
+        for what, (token, meta, body) in bad.items():
+            status, answer = post(url, "update", token, meta, body)
+            assert 400 <= status < 500 and answer["error"], (what, status, answer)
+        assert len([line for line in lines if line.startswith("refused")]) == len(bad), lines
+        assert post(url, "update", a, *update(ta, good_a, 100))[0] == 200
+        assert post(url, "update", a, *update(ta, good_a, 100))[0] == 409  # the same update again: refused
+        assert post(url, "update", b, *update(tb, good_b, 300))[0] == 200
+        ta2 = task(url, a)
+        assert ta2["round"] == 2
+        replay = post(url, "update", a, *update(ta, good_a, 100))  # round 1's update, replayed in round 2
+        assert replay[0] == 409 and "replay" in replay[1]["error"], replay
+        start = ta["flat"]
+        after1 = start + (good_a * 100 + good_b * 300) / 400
+        assert_close("global after round 1 (the good updates only)", ta2["flat"], after1, atol=1e-7, rtol=1e-6)
+        tb2 = task(url, b)
+        assert post(url, "update", a, *update(ta2, -good_a, 100))[0] == 200
+        assert post(url, "update", b, *update(tb2, good_b, 100))[0] == 200
+        fed.wait(60)
+        closed = post(url, "join")
+        assert closed[0] == 410 and "over" in closed[1]["error"], closed
+    finally:
+        bridge.close()
+    got = np.concatenate([fed.global_weights[n].reshape(-1) for n in ("2.weight", "2.bias")])
+    assert_close("global after round 2", got, after1 + (good_b - good_a) / 2, atol=1e-7, rtol=1e-6)
+
+
+def test_dp_clips_and_noises_as_flower_defines(tmp_path):
+    from flwr.supercore.differential_privacy import compute_clip_model_update
+
+    clip, noise, seed = 0.5, 0.8, 1234
+    fed, bridge, _ = federation(tmp_path, rounds=1, dp_clip=clip, dp_noise=noise, seed=seed)
+    url = bridge.url
+    deltas = [np.random.default_rng(3).standard_normal(330).astype(np.float32),  # norm ~18: clipped to 0.5
+              np.random.default_rng(4).standard_normal(330).astype(np.float32) * 0.01]  # norm ~0.18: kept
+    try:
+        tokens = [post(url, "join")[1]["token"] for _ in deltas]
+        fed.start()
+        tasks = [task(url, t) for t in tokens]
+        assert tasks[0]["config"]["epochs"] == 1
+        for t, tk, d, n in zip(tokens, tasks, deltas, (100, 300)):
+            assert post(url, "update", t, *update(tk, d, n))[0] == 200
+        fed.wait(60)
+    finally:
+        bridge.close()
+    # the same computation in Python: Flower's clipping of each update, FedAvg, then noise N(0, (Z C / K)^2) drawn
+    # from numpy's generator seeded as --seed seeds it
+    start = np.split(tasks[0]["flat"].astype(np.float32), [320])
+    shaped = [s.reshape(sh) for s, sh in zip(start, [(10, 32), (10,)])]
+    clipped = []
+    for d in deltas:
+        params = [g + dd.reshape(g.shape) for g, dd in zip(shaped, np.split(d, [320]))]
+        compute_clip_model_update(params, shaped, clip)
+        clipped.append(params)
+    assert abs(np.sqrt(sum(float(np.sum((p - g) ** 2)) for p, g in zip(clipped[0], shaped))) - clip) < 1e-5
+    avg = [(a * 100 / 400 + b * 300 / 400) for a, b in zip(*clipped)]
+    np.random.seed(seed)
+    std = noise * clip / 2
+    expected = [a + np.random.normal(0, std, a.shape).astype(np.float32) for a in avg]
+    for name, e in zip(("2.weight", "2.bias"), expected):
+        assert_close(f"DP global {name}", fed.global_weights[name], e, atol=1e-6, rtol=1e-5)
+    plain = [a for a in avg]  # and the noise is there: the global is not the clipped average
+    assert np.abs(fed.global_weights["2.weight"] - plain[0]).max() > std
+
+
+RECORD_FIRST_FIT = """() => { const fit = window.m.fit.bind(window.m);
+    window.m.fit = async (...a) => { if (!window.first) window.first = Object.fromEntries(Object.entries(
+      await window.m.getWeights()).map(([k, v]) => [k, Array.from(v)])); return fit(...a); }; }"""
+
+
+HOLD_SECOND_FIT = """() => { const fit = window.m.fit.bind(window.m); let n = 0;
+    window.m.fit = async (...a) => { if (++n === 2) while (!window.release) await new Promise((r) => setTimeout(r, 20));
+                                     return fit(...a); }; }"""
+
+
+def test_a_late_page_takes_the_next_round_from_the_current_global(browser, tmp_path):
+    """A page that joins (or is reloaded) mid-federation takes part from the next round on, starting from the
+    global weights of that moment."""
+    clients, _ = digits()
+    make_bundle(tmp_path, trainable="2.*")
+    fed = Federation(Bundle.load(str(tmp_path)), Settings(rounds=3, min_clients=2, lr=LR, batch_size=BATCH, heartbeat=2.0),
+                     log=lambda _: None)
+    bridge = Bridge(fed).start()
+    pages = Pages(browser, bridge.url)
+    try:
+        join_all(pages, fed, clients[:2])
+        for p in pages.pages:  # the first two hold their second fit until the late page is in
+            p.evaluate(HOLD_SECOND_FIT)
+        fed.start()
+        while fed.round < 1:
+            assert not fed.done.is_set()
+            time.sleep(0.05)
+        late = pages.open()
+        x, y = clients[2]
+        late.evaluate(START, [2, x.reshape(-1).tolist(), y.tolist(), {}])
+        late.evaluate(RECORD_FIRST_FIT)
+        while fed.joined < 3:
+            time.sleep(0.05)
+        for p in pages.pages[:2]:
+            p.evaluate("() => { window.release = true; }")
+        results = finish(pages, fed)
+        rounds = [r["round"] for r in late.evaluate("() => window.rounds")]
+        first = late.evaluate("() => window.first")
+    finally:
+        pages.close()
+        bridge.close()
+    assert not pages.errors, pages.errors
+    assert results == ["done"] * 3, results
+    assert rounds and rounds[0] >= 2 and rounds == list(range(rounds[0], 4)), rounds
+    assert [3 in e["clients"] for e in fed.history[1:]] == [r in rounds for r in (1, 2, 3)]
+    for name, w in fed.history[rounds[0] - 1]["arrays"].items():  # the global weights of the round before
+        assert np.array_equal(np.asarray(first[name], np.float32), w.reshape(-1)), name
+
+
+def test_cli_federation_int8_eval_and_out(browser, tmp_path):
+    """`texelfit federate DIR` as a user runs it: progress lines with the global loss and accuracy, int8 updates,
+    and the global model written as a state_dict that loads into the PyTorch module."""
+    clients, (hx, hy) = digits()
+    make_bundle(tmp_path / "b", trainable="2.*")
+    np.savez(tmp_path / "held.npz", x=hx, y=hy)
+    cmd = [sys.executable, "-m", "texelfit.cli", "federate", str(tmp_path / "b"), "--port", "0", "--rounds", "2",
+           "--min-clients", "2", "--lr", str(LR), "--batch-size", str(BATCH), "--quantize-updates", "int8",
+           "--eval-data", str(tmp_path / "held.npz"), "--out", str(tmp_path / "global.pt")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pages = None
+    try:
+        first = proc.stdout.readline()
+        m = re.search(r"on (http://127\.0\.0\.1:\d+)/", first)
+        assert m, first + proc.stderr.read()
+        pages = Pages(browser, m.group(1))
+        for i, (x, y) in enumerate(clients[:2]):
+            pages.open().evaluate(START, [i, x.reshape(-1).tolist(), y.tolist(), {"backend": "cpu"}])
+        out, err = proc.communicate(timeout=150)
+        results = [p.evaluate("() => window.result") for p in pages.pages]
+        sent = [r["sent"] for p in pages.pages for r in p.evaluate("() => window.rounds")]
+        final = pages.pages[0].evaluate("async () => Array.from((await window.m.getWeights())['2.weight'])")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pages:
+            pages.close()
+    assert proc.returncode == 0, out + err
+    assert results == ["done", "done"], results
+    assert "2 trainable tensors travel (330 values: 1320 bytes float32)" in first
+    assert sent == [4 * 2 + 330] * 4  # int8: a float32 scale per tensor and a byte a value
+    lines = [line for line in out.splitlines() if line.startswith("round ")]
+    assert re.match(r"round 0/2 \[-+\] the initial model; global loss [\d.]+, accuracy [\d.]+%", lines[0]), out
+    assert re.match(r"round 2/2 \[#+\] [\d.]+s; clients #1, #2; global loss [\d.]+, accuracy [\d.]+%", lines[2]), out
+    assert f"wrote the global model to {tmp_path / 'global.pt'}" in out
+    state = torch.load(tmp_path / "global.pt", weights_only=True)
+    module = mlp()
+    module.load_state_dict(state)  # strict: every weight, under the module's names
+    assert np.array_equal(state["2.weight"].numpy().reshape(-1), np.asarray(final, np.float32))
+    acc = float(re.search(r"accuracy ([\d.]+)%", lines[2]).group(1)) / 100
+    with torch.no_grad():
+        ref = float((module(torch.from_numpy(hx)).argmax(1) == torch.from_numpy(hy)).float().mean())
+    assert abs(acc - ref) < 1e-4

@@ -88,6 +88,10 @@ def progress_line(entry: dict, rounds: int, started: float) -> str:
 
 
 def run(args) -> None:
+    try:
+        import flwr  # noqa: F401
+    except ImportError:
+        raise BuildError("texelfit federate needs Flower: pip install 'texelfit[federate]' (flwr==1.42.0)") from None
     from texelfit.bridge import Bridge
 
     if args.out and not (args.out.endswith(".pt") or args.out.endswith(".onnx")):
