@@ -462,3 +462,91 @@ def test_cli_federation_int8_eval_and_out(browser, tmp_path):
     with torch.no_grad():
         ref = float((module(torch.from_numpy(hx)).argmax(1) == torch.from_numpy(hy)).float().mean())
     assert abs(acc - ref) < 1e-4
+
+
+def test_errors_leave_the_model_usable(browser, tmp_path):
+    """federate rejects with network (no bridge), federation-refused (a bundle of other weights; an update over
+    the norm bound) and federation-closed (the federation is over); the model predicts afterwards."""
+    clients, _ = digits()
+    make_bundle(tmp_path, trainable="2.*")
+    torch.manual_seed(1)
+    other = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))  # a 5-class head
+    write_files(str(tmp_path / "other"), compile_onnx(export_simplified(other, (64,)), name="mlp", input_shape=(64,)).files)
+    lines = []
+    fed = Federation(Bundle.load(str(tmp_path)), Settings(rounds=1, min_clients=1, max_update_norm=1e-6, heartbeat=2.0),
+                     log=lines.append)
+    bridge = Bridge(fed).start()
+    pages = Pages(browser, bridge.url)
+    x, y = clients[0]
+    data = [x[:40].reshape(-1).tolist(), y[:40].tolist()]
+    attempt = """async ([module, url, x, y]) => {
+        const { createModel } = await import(module);
+        const m = await createModel({ backend: 'cpu' });
+        let error = null;
+        try { await m.federate(url ?? location.origin, { x: new Float32Array(x), y: Int32Array.from(y) }); }
+        catch (e) { error = e.code + ': ' + e.message; }
+        const out = await m.predict(new Float32Array(x.slice(0, 64)), 1);
+        return { error, usable: out.length };
+    }"""
+    try:
+        page = pages.open()
+        fed.start()
+        unreachable = page.evaluate(attempt, ["/mlp.js", "http://127.0.0.1:9", *data])
+        wrong = page.evaluate(attempt, ["/other/mlp.js", None, *data])
+        too_big = page.evaluate(attempt, ["/mlp.js", None, *data])
+        fed.wait(60)
+        closed = page.evaluate(attempt, ["/mlp.js", None, *data])
+    finally:
+        pages.close()
+        bridge.close()
+    assert unreachable["error"].startswith("network: texelfit: http://127.0.0.1:9: "), unreachable
+    assert wrong["error"].startswith("federation-refused: texelfit: federation join: 409 this page's model is not the federation's: its "
+                                     "weights lack 2.weight of 320 values, 2.bias of 10 values"), wrong
+    assert too_big["error"].startswith("federation-refused: texelfit: federation update: 422 the update's L2 norm"), too_big
+    assert closed["error"].startswith("federation-closed: texelfit: federation join: 410 the federation is over"), closed
+    assert [r["usable"] for r in (unreachable, wrong, too_big, closed)] == [10, 5, 10, 10]
+    assert any("exceeds --max-update-norm" in line for line in lines) and any("not the federation's" in line for line in lines)
+    assert all("Failed to load resource" in e or "CORS" in e or "127.0.0.1:9" in e for e in pages.errors), pages.errors
+    assert fed.history[-1]["clients"] == []  # the refused update never reached Flower: round 1 had none
+
+
+def test_federation_page(browser, tmp_path):
+    """/federation.html, as a person uses it: choose a data file, Join, watch the rounds; the page is served
+    under a Content-Security-Policy of 'self' (no inline script)."""
+    import json
+
+    clients, (hx, hy) = digits()
+    make_bundle(tmp_path / "b", trainable="2.*")
+    np.savez(tmp_path / "held.npz", x=hx, y=hy)
+    bundle = Bundle.load(str(tmp_path / "b"))
+    fed = Federation(bundle, Settings(rounds=2, min_clients=2, lr=LR, batch_size=BATCH, heartbeat=2.0),
+                     evaluate=evaluator(bundle, architecture(bundle, None), str(tmp_path / "held.npz")),
+                     log=lambda _: None)
+    bridge = Bridge(fed).start()
+    pages = Pages(browser, bridge.url)
+    try:
+        for i, (x, y) in enumerate(clients[:2]):
+            path = tmp_path / f"data{i}.json"
+            path.write_text(json.dumps({"x": x.tolist(), "y": y.tolist()}))
+            page = pages.open()
+            page.goto(bridge.url + "/federation.html")
+            page.wait_for_function("() => document.getElementById('status').textContent.startsWith('Choose')")
+            page.set_input_files("input[type=file]", str(path))
+            page.click("#join")
+        while fed.joined < 2:
+            time.sleep(0.05)
+        fed.start()
+        for page in pages.pages:
+            page.wait_for_function("() => document.getElementById('status').textContent.startsWith('The federation is over')",
+                                   timeout=120_000)
+        # its status line polls the bridge every second: it comes to show the last round and the global accuracy
+        pages.pages[0].wait_for_function("() => document.getElementById('round').textContent === '2'", timeout=10_000)
+        text = {k: pages.pages[0].text_content(f"#{k}") for k in ("round", "rounds", "loss", "accuracy")}
+        csp = pages.pages[0].evaluate("async () => (await fetch('/federation.html')).headers.get('content-security-policy')")
+    finally:
+        pages.close()
+        bridge.close()
+    assert not pages.errors, pages.errors
+    assert text["rounds"] == "2" and float(text["loss"]) > 0
+    assert re.fullmatch(r"\d+\.\d%", text["accuracy"]), text
+    assert csp.startswith("default-src 'self'")

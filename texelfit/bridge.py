@@ -3,7 +3,8 @@
 
 Endpoints (JSON answers; a refusal is a 4xx with {"error": reason}, and a log line):
 
-  POST /federation/join    -> {token, client, heartbeat}; 410 once the federation is over
+  POST /federation/join    -> {token, client, heartbeat}; 410 once the federation is over; body (optional):
+                              JSON [[name, size], ...] of the page's weights, 409 if they lack the federation's
   POST /federation/task    -> {round, config, names, sizes, weights} (weights: base64 of little-endian
                               float32, the tensors `names` of `sizes` values one after the other), or
                               {wait: true} (nothing yet: ask again), or {done: true, names, sizes, weights}
@@ -104,7 +105,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 raise Refused(413, f"a body of {length} bytes")
             body = self.rfile.read(length) if length else b""
             if path == "/federation/join":
-                return self._json(200, self.fed.join())
+                try:
+                    weights = json.loads(body or b"null")
+                except ValueError:
+                    weights = None
+                if weights is not None and not isinstance(weights, list):
+                    raise Refused(400, "join's body must be a JSON list of [name, size]")
+                return self._json(200, self.fed.join(weights))
             if path == "/federation/task":
                 return self._json(200, self.fed.pull(token))
             if path == "/federation/alive":
@@ -121,8 +128,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return self._json(200, self.fed.push(token, meta, body))
             return self._json(404, {"error": f"no endpoint {path}"})
         except Refused as e:
-            if e.status == 401:
-                self.fed.log(f"refused {path} from {self.client_address[0]}: {e}")
+            if path != "/federation/update" or e.status == 401:  # (the federation logs the updates it refuses)
+                self.fed.log(f"refused {path} from {self.client_address[0]} (HTTP {e.status}): {e}")
             return self._json(e.status, {"error": str(e)})
         except ValueError as e:
             return self._json(400, {"error": str(e)})

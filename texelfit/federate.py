@@ -252,9 +252,17 @@ class Federation:
             raise Refused(401, "no valid session token")
         return s
 
-    def join(self) -> dict:
+    def join(self, weights=None) -> dict:
+        """A new session (one Flower node). `weights`: the page's [[name, size], ...] (its bundle's), which must
+        hold the federation's tensors."""
         if self.done.is_set():
             raise Refused(410, "the federation is over")
+        if weights is not None:
+            have = {w[0]: w[1] for w in weights if isinstance(w, list) and len(w) == 2}
+            wrong = [n for n, size in zip(self.names, self.sizes) if have.get(n) != size]
+            if wrong:
+                raise Refused(409, f"this page's model is not the federation's: its weights lack "
+                                   f"{', '.join(f'{n} of {size} values' for n, size in zip(self.names, self.sizes) if n in wrong)}")
         from flwr.common.constant import NOOP_ACCOUNT_NAME, NOOP_FLWR_AID
 
         node_id = self.state.create_node(NOOP_FLWR_AID, NOOP_ACCOUNT_NAME, secrets.token_bytes(32),
