@@ -550,3 +550,61 @@ def test_federation_page(browser, tmp_path):
     assert text["rounds"] == "2" and float(text["loss"]) > 0
     assert re.fullmatch(r"\d+\.\d%", text["accuracy"]), text
     assert csp.startswith("default-src 'self'")
+
+
+def test_an_update_after_its_round_closed_is_not_aggregated(tmp_path):
+    fed, bridge, lines = federation(tmp_path, rounds=2, round_timeout=1.5)
+    url = bridge.url
+    try:
+        a, b = post(url, "join")[1]["token"], post(url, "join")[1]["token"]
+        fed.start()
+        ta, tb = task(url, a), task(url, b)
+        da, db = np.full(330, 0.1, np.float32), np.full(330, -0.2, np.float32)
+        assert post(url, "update", b, *update(tb, db, 100)) == (200, {"ok": True, "round": 1, "norm": pytest.approx(3.633, abs=1e-3)})
+        while fed.round < 1:  # a's update does not come: round 1 closes at its timeout, with b's alone
+            time.sleep(0.05)
+        assert post(url, "update", a, *update(ta, da, 100)) == (200, {"ok": False, "round": 1, "late": True})
+        ta2, tb2 = task(url, a), task(url, b)
+        assert ta2["round"] == tb2["round"] == 2
+        assert_close("global after round 1: b's update alone", ta2["flat"], ta["flat"] + db, atol=1e-7, rtol=1e-6)
+        for t, tk in ((a, ta2), (b, tb2)):
+            assert post(url, "update", t, *update(tk, da, 100))[1]["ok"] is True
+        fed.wait(30)
+    finally:
+        bridge.close()
+    assert any("came after the round closed" in line for line in lines)
+    assert [sorted(e["clients"]) for e in fed.history[1:]] == [[2], [1, 2]]
+
+
+@pytest.mark.parametrize("strategy", ["fedadam", "fedprox"])
+def test_other_strategies_are_flowers(tmp_path, strategy):
+    """--strategy fedadam / fedprox: Flower's FedAdam / FedProx aggregate; the global model is what the same
+    Flower strategy makes of the same replies."""
+    from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+    from flwr.serverapp import strategy as st
+
+    fed, bridge, _ = federation(tmp_path, rounds=1, strategy=strategy)
+    url = bridge.url
+    deltas = [np.full(330, 0.1, np.float32), np.linspace(-1, 1, 330).astype(np.float32)]
+    try:
+        tokens = [post(url, "join")[1]["token"] for _ in deltas]
+        fed.start()
+        tasks = [task(url, t) for t in tokens]
+        for t, tk, d, n in zip(tokens, tasks, deltas, (50, 150)):
+            assert post(url, "update", t, *update(tk, d, n))[1]["ok"] is True
+        fed.wait(30)
+        replies = []
+        start = [a.reshape(s) for a, s in zip(np.split(tasks[0]["flat"], [320]), [(10, 32), (10,)])]
+        for d, n in zip(deltas, (50, 150)):
+            new = {k: Array(s + p.reshape(s.shape)) for k, s, p in zip(("2.weight", "2.bias"), start, np.split(d, [320]))}
+            replies.append(Message(RecordDict({"arrays": ArrayRecord(new), "metrics": MetricRecord({"num-examples": n})}),
+                                   dst_node_id=1, message_type="train"))
+    finally:
+        bridge.close()
+    ref = st.FedAdam() if strategy == "fedadam" else st.FedProx(proximal_mu=0.1)
+    ref.current_arrays = dict(zip(("2.weight", "2.bias"), start))  # (what FedOpt's configure_train records)
+    got, _ = ref.aggregate_train(1, replies)
+    for name in ("2.weight", "2.bias"):
+        assert_close(f"{strategy} global {name}", fed.global_weights[name], got[name].numpy(), atol=1e-7, rtol=1e-6)
+    plain = start[0] + (deltas[0][:320] * 50 + deltas[1][:320] * 150).reshape(10, 32) / 200
+    assert (strategy == "fedprox") == np.allclose(fed.global_weights["2.weight"], plain, atol=1e-6)

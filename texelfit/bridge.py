@@ -8,7 +8,8 @@ Endpoints (JSON answers; a refusal is a 4xx with {"error": reason}, and a log li
   POST /federation/task    -> {round, config, names, sizes, weights} (weights: base64 of little-endian
                               float32, the tensors `names` of `sizes` values one after the other), or
                               {wait: true} (nothing yet: ask again), or {done: true, names, sizes, weights}
-  POST /federation/update  -> {ok}; header X-Texelfit-Update: JSON {round, samples, loss, format, names,
+  POST /federation/update  -> {ok: true}, or {ok: false, late: true} for a round that closed before it (its
+                              --round-timeout passed, or the page missed its heartbeats): not aggregated; header X-Texelfit-Update: JSON {round, samples, loss, format, names,
                               sizes}; body: the weight delta, float32 (4 bytes a value) or int8 (a float32
                               scale per tensor, then one signed byte a value: delta = q * scale)
   POST /federation/alive   -> {} (a heartbeat, while the browser trains)

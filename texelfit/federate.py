@@ -43,6 +43,7 @@ class Bundle:
     shapes: dict[str, tuple[int, ...]]
     initial: dict[str, np.ndarray]
     trainable: list[str]
+    max_batch: int
 
     @staticmethod
     def load(folder: str) -> "Bundle":
@@ -77,7 +78,7 @@ class Bundle:
         trainable = [p["name"] for p in model["params"] if p["trainable"]]
         if not trainable:
             raise BuildError(f"{folder}/{name}.js was built with --trainable none: nothing can train")
-        return Bundle(folder, name, shapes, initial, trainable)
+        return Bundle(folder, name, shapes, initial, trainable, int(model["maxBatch"]))
 
 
 @dataclasses.dataclass
@@ -353,6 +354,8 @@ class Federation:
         bound = self.settings.max_update_norm
         if bound is not None and norm > bound * (1 + NORM_SLACK):
             raise Refused(422, f"the update's L2 norm {norm:.4g} exceeds --max-update-norm {bound:g}")
+        if rnd <= self.round:  # the round closed before this update (its timeout, or Flower dropped the node)
+            return self._late(s, rnd)
         arrays = task.content[ARRAYS]
         new = ArrayRecord({n: Array(np.asarray(g, np.float32) + d.reshape(np.shape(g)))
                            for n, g, d in zip(arrays.keys(), arrays.to_numpy_ndarrays(), delta)})
@@ -373,11 +376,16 @@ class Federation:
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         with self.lock:
             if self.state.store_message_res(reply) is None:
-                s.task = None
-                raise Refused(409, f"round {rnd} is closed for this client (it timed out or was dropped)")
+                return self._late(s, rnd)
             s.task = None
             self.contributors.setdefault(rnd, []).append(s.number)
         return {"ok": True, "round": rnd, "norm": norm}
+
+    def _late(self, s: Session, rnd: int) -> dict:
+        """A valid update too late for its round: not aggregated; the page goes on to the next round."""
+        s.task = None
+        self.log(f"client #{s.number}'s update for round {rnd} came after the round closed: not aggregated")
+        return {"ok": False, "round": rnd, "late": True}
 
     def _decode(self, fmt, body: bytes) -> list[np.ndarray]:
         total, count = sum(self.sizes), len(self.sizes)

@@ -97,6 +97,9 @@ def run(args) -> None:
     if args.out and not (args.out.endswith(".pt") or args.out.endswith(".onnx")):
         raise BuildError(f"--out {args.out!r} must end in .pt (a state_dict) or .onnx")
     bundle = Bundle.load(args.dir)
+    if args.batch_size > bundle.max_batch:
+        raise BuildError(f"--batch-size {args.batch_size} is more than the bundle's maxBatch, {bundle.max_batch} "
+                         "(build it with a larger --max-batch)")
     settings = Settings(strategy=args.strategy, rounds=args.rounds, min_clients=args.min_clients,
                         fraction=args.fraction, local_epochs=args.local_epochs, batch_size=args.batch_size,
                         optimizer=args.optimizer, lr=args.lr, shuffle=args.shuffle,
