@@ -145,7 +145,8 @@ def main():
                     page.goto(f"{holder.url}/index.html")
                     pages.append(page)
                 t1 = time.monotonic()
-                backends = [pg.evaluate(START, [d[0].reshape(-1).tolist(), d[1], d[2], d[3]]) for pg, d in zip(pages, data)]
+                backends = [pg.evaluate(START, [d[0].reshape(-1).tolist(), d[1], d[2], d[3]])
+                            for pg, d in zip(pages, data)]
                 print(f"3 pages loaded the model ({backends[0]}) and their images in {time.monotonic() - t1:.0f} s",
                       flush=True)
             finally:

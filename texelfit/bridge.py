@@ -9,9 +9,10 @@ Endpoints (JSON answers; a refusal is a 4xx with {"error": reason}, and a log li
                               float32, the tensors `names` of `sizes` values one after the other), or
                               {wait: true} (nothing yet: ask again), or {done: true, names, sizes, weights}
   POST /federation/update  -> {ok: true}, or {ok: false, late: true} for a round that closed before it (its
-                              --round-timeout passed, or the page missed its heartbeats): not aggregated; header X-Texelfit-Update: JSON {round, samples, loss, format, names,
-                              sizes}; body: the weight delta, float32 (4 bytes a value) or int8 (a float32
-                              scale per tensor, then one signed byte a value: delta = q * scale)
+                              --round-timeout passed, or the page missed its heartbeats): not aggregated;
+                              header X-Texelfit-Update: JSON {round, samples, loss, format, names, sizes};
+                              body: the weight delta, float32 (4 bytes a value) or int8 (a float32 scale
+                              per tensor, then one signed byte a value: delta = q * scale)
   POST /federation/alive   -> {} (a heartbeat, while the browser trains)
   POST /federation/leave   -> {}
   GET  /federation/status  -> {round, rounds, clients, done, loss, accuracy}
@@ -41,8 +42,8 @@ def page_files(bundle_name: str) -> dict[str, bytes]:
     import jinja2
 
     folder = resources.files("texelfit.runtime_template")
-    return {name: jinja2.Template(folder.joinpath(name + ".j2").read_text(encoding="utf-8")).render(name=bundle_name).encode()
-            for name in ("federation.html", "federation.js")}
+    return {name: jinja2.Template(folder.joinpath(name + ".j2").read_text(encoding="utf-8")).render(name=bundle_name)
+            .encode() for name in ("federation.html", "federation.js")}
 
 
 class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):

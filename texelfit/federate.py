@@ -179,10 +179,12 @@ class Federation:
         self.state.run_ids[run.run_id] = RunRecord(run=run)
         self.state.task_store[run.primary_task_id] = Task(task_id=run.primary_task_id, run_id=run.run_id)
         # the ServerApp's identity, which Flower's Message reads (a process runs one federation at a time)
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = run.primary_task_id, run.run_id, SUPERLINK_NODE_ID
+        TaskIdentity.task_id, TaskIdentity.run_id = run.primary_task_id, run.run_id
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
         self.grid = InMemoryGrid(state_factory=self.state_factory, pull_interval=0.02)
         self.grid.set_run(run)
-        self.initial = ArrayRecord({n: Array(np.ascontiguousarray(bundle.initial[n], dtype=np.float32)) for n in self.names})
+        self.initial = ArrayRecord({n: Array(np.ascontiguousarray(bundle.initial[n], dtype=np.float32))
+                                    for n in self.names})
         self.lock = threading.Lock()
         self.sessions: dict[str, Session] = {}
         self.joined = 0
@@ -260,10 +262,9 @@ class Federation:
             raise Refused(410, "the federation is over")
         if weights is not None:
             have = {w[0]: w[1] for w in weights if isinstance(w, list) and len(w) == 2}
-            wrong = [n for n, size in zip(self.names, self.sizes) if have.get(n) != size]
+            wrong = [f"{n} of {size} values" for n, size in zip(self.names, self.sizes) if have.get(n) != size]
             if wrong:
-                raise Refused(409, f"this page's model is not the federation's: its weights lack "
-                                   f"{', '.join(f'{n} of {size} values' for n, size in zip(self.names, self.sizes) if n in wrong)}")
+                raise Refused(409, f"this page's model is not the federation's: its weights lack {', '.join(wrong)}")
         from flwr.common.constant import NOOP_ACCOUNT_NAME, NOOP_FLWR_AID
 
         node_id = self.state.create_node(NOOP_FLWR_AID, NOOP_ACCOUNT_NAME, secrets.token_bytes(32),

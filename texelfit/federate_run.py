@@ -57,7 +57,8 @@ def evaluator(bundle: Bundle, graph, path: str):
         with torch.no_grad(), one_thread():
             out = module(x)
         target = torch.as_tensor(y, dtype=torch.long)
-        return {"loss": float(F.cross_entropy(out, target)), "accuracy": float((out.argmax(1) == target).float().mean())}
+        accuracy = float((out.argmax(1) == target).float().mean())
+        return {"loss": float(F.cross_entropy(out, target)), "accuracy": accuracy}
 
     return evaluate
 
