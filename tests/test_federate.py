@@ -614,3 +614,93 @@ def test_other_strategies_are_flowers(tmp_path, strategy):
         assert_close(f"{strategy} global {name}", fed.global_weights[name], got[name].numpy(), atol=1e-7, rtol=1e-6)
     plain = start[0] + (deltas[0][:320] * 50 + deltas[1][:320] * 150).reshape(10, 32) / 200
     assert (strategy == "fedprox") == np.allclose(fed.global_weights["2.weight"], plain, atol=1e-6)
+
+
+def small_cnn():
+    torch.manual_seed(0)
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+
+
+def test_federation_page_with_photos(browser, tmp_path):
+    """The README's example in small: an image model (--input-normalize) on /federation.html, each person choosing
+    photos per class; round 1's global model equals PyTorch's FedAvg of the two local fits on the same pictures
+    (texelfit.images.preprocess, as fromImages)."""
+    from PIL import Image
+
+    from texelfit.images import preprocess
+
+    module = small_cnn()
+    result = compile_onnx(export_simplified(module, (3, 8, 8)), name="cnn", input_shape=(3, 8, 8), trainable="3.*",
+                          input_normalize="unit")
+    write_files(str(tmp_path / "b"), {**result.files, "index.html": INDEX.decode()})
+    rng = np.random.default_rng(5)
+    people = [{0: 3, 1: 2}, {1: 2, 2: 4}]  # class -> photos, per person
+    photos = []
+    for i, have in enumerate(people):
+        mine = {}
+        for c, n in have.items():
+            mine[c] = []
+            for k in range(n):
+                pixels = rng.integers(0, 256, (10, 12, 3), dtype=np.uint8)
+                path = tmp_path / f"p{i}_c{c}_{k}.png"
+                Image.fromarray(pixels).save(path)
+                mine[c].append((path, pixels))
+        photos.append(mine)
+    settings = Settings(rounds=1, min_clients=2, lr=0.5, batch_size=4, heartbeat=2.0)
+    fed = Federation(Bundle.load(str(tmp_path / "b")), settings, log=lambda _: None)
+    bridge = Bridge(fed).start()
+    pages = Pages(browser, bridge.url)
+    try:
+        for mine in photos:
+            page = pages.open()
+            page.goto(bridge.url + "/federation.html")
+            page.wait_for_function("() => document.getElementById('status').textContent.startsWith('Choose')")
+            inputs = page.query_selector_all("input[type=file]")
+            assert len(inputs) == 3  # one a class of the model's output
+            for c, files in mine.items():
+                inputs[c].set_input_files([str(p) for p, _ in files])
+            page.click("#join")
+        while fed.joined < 2:
+            time.sleep(0.05)
+        fed.start()
+        for page in pages.pages:
+            page.wait_for_function("() => document.getElementById('status').textContent"
+                                   ".startsWith('The federation is over')", timeout=120_000)
+    finally:
+        pages.close()
+        bridge.close()
+    assert not pages.errors, pages.errors
+    fits, counts = [], []
+    for mine in photos:  # the page reads the classes in order, each class's files in order
+        pictures = [px for c in sorted(mine) for _, px in mine[c]]
+        labels = [c for c in sorted(mine) for _ in mine[c]]
+        x = torch.from_numpy(preprocess(pictures, (3, 8, 8), result.report["input_normalize"]))
+        m = small_cnn()
+        head = [p for n, p in m.named_parameters() if n.startswith("3.")]
+        for n, p in m.named_parameters():
+            p.requires_grad_(n.startswith("3."))
+        torch_fit(_Only(m, head), x, torch.tensor(labels), "cross_entropy", {"type": "sgd", "lr": 0.5}, 4, 1)
+        fits.append({n: p.detach().numpy() for n, p in m.named_parameters() if n.startswith("3.")})
+        counts.append(len(labels))
+    for name, got in fed.history[1]["arrays"].items():
+        ref = sum(f[name] * c for f, c in zip(fits, counts)) / sum(counts)
+        assert_close(f"global {name} of two pages' photos", got, ref, **PARITY)
+
+
+def test_cli_bad_input_names_the_problem(tmp_path):
+    from helpers import run_cli
+
+    make_bundle(tmp_path / "b")
+    cases = {
+        (str(tmp_path / "nowhere"),): "is not a bundle folder (texelfit build --out)",
+        (str(tmp_path / "b"), "--dp-clip", "1"): "differential privacy needs both --dp-clip and --dp-noise",
+        (str(tmp_path / "b"), "--out", "global.txt"): "--out 'global.txt' must end in .pt (a state_dict) or .onnx",
+        (str(tmp_path / "b"), "--batch-size", "65"): "--batch-size 65 is more than the bundle's maxBatch, 64",
+        (str(tmp_path / "b"), "--fraction", "0"): "argument --fraction: must be a number in (0, 1], got '0'",
+        (str(tmp_path / "b"), "--eval-data", str(tmp_path / "none.npz")): "cannot read --eval-data",
+    }
+    for args, message in cases.items():
+        r = run_cli("federate", *args)
+        assert r.returncode in (1, 2) and message in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
