@@ -107,6 +107,13 @@ class Settings:
                 "lr": float(self.lr), "shuffle": self.shuffle, "quantize": self.quantize_updates}
 
 
+class _NoEvaluateNote(logging.Filter):
+    """Drops Flower's warning that federated evaluation is off: it is (the global model is evaluated here)."""
+
+    def filter(self, record):
+        return "Federated evaluation will be skipped" not in record.getMessage()
+
+
 class Refused(Exception):
     """An HTTP 4xx for the browser, with the reason logged."""
 
@@ -167,7 +174,10 @@ class Federation:
         self.bundle, self.settings = bundle, settings
         self.names = list(bundle.trainable)
         self.sizes = [int(np.prod(bundle.shapes[n])) for n in self.names]
-        logging.getLogger("flwr").setLevel(logging.ERROR)  # Flower's own INFO and WARNING lines: our progress says it
+        flower = logging.getLogger("flwr")  # Flower's INFO lines: our progress says it; its warnings stay
+        flower.setLevel(logging.WARNING)
+        if not any(isinstance(f, _NoEvaluateNote) for f in flower.filters):
+            flower.addFilter(_NoEvaluateNote())
         self.strategy = make_strategy(settings)
         self.evaluate, self.report = evaluate, report
         self.log = log or (lambda line: print(f"texelfit: federate: {line}", flush=True))
