@@ -45,6 +45,9 @@ class Kernel:
     outputs: int = 1
     uniforms: tuple[str, ...] = ()
     consts: dict = field(default_factory=dict, hash=False, compare=False)
+    # a kernel written in the kernel language (codegen/kl.py: a KernelDef): its GLSL and its CPU function are
+    # printed from it (codegen/kl_print.py; `template` is then "kl"), where the others fill a template
+    kl: object = field(default=None, hash=False, compare=False)
 
     def __post_init__(self):
         unknown = [u for u in self.uniforms if u not in UNIFORM_TYPES]
@@ -91,7 +94,12 @@ def render_kernel(kernel: Kernel) -> str:
     env = _env()
     ctx = dict(kernel.consts, kernel=kernel, inputs=kernel.inputs,
                uniforms=[(UNIFORM_TYPES[u], u) for u in kernel.uniforms], outputs=range(kernel.outputs))
-    body = env.get_template("kernels/" + kernel.template).render(ctx)
+    if kernel.kl is not None:
+        from .kl_print import glsl
+
+        body = glsl(kernel.kl)
+    else:
+        body = env.get_template("kernels/" + kernel.template).render(ctx)
     return compact_glsl(env.get_template("kernels/prelude.glsl.j2").render(ctx, body=body))
 
 

@@ -78,7 +78,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         memory = plan_memory(plan, storage, output=plan.tensor(graph.output),
                              inputs=[plan.tensor(t) for t in graph.inputs], parameters=graph.parameter_count(),
                              trains=bool(graph.trainable_params()))
-    kernels, sched, elementwise = serialize(schedule, list(plan.textures))
+    kernels, sched, elementwise, generated = serialize(schedule, list(plan.textures))
     if weights is None:
         weights = quantize(graph, "none")
     assert [t.name for t in weights.tensors] == list(graph.params), "the blob must hold the graph's params in order"
@@ -151,7 +151,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "kernels_json": _js_json(kernels),
         "elementwise": elementwise,
         # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
-        "cpu_kernels": sorted({k["template"] for k in kernels}),
+        "cpu_kernels": sorted({k["template"] for k in kernels} - {"kl"}),
+        # the CPU functions of the kernels written in the kernel language (codegen/kl_print.py)
+        "cpu_generated": generated,
         "transfer_piece_bytes": transfer_piece_bytes,
         "wide_passes": wide,
         "aliases": bool(graph.aliases),

@@ -29,6 +29,7 @@ MODEL.sampleBlock targets at once, the one-sample one (false) otherwise.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from texelfit.prep.ir import Graph
@@ -37,6 +38,7 @@ from texelfit.prep.errors import BuildError
 
 from . import ops
 from .kernels import Kernel, Pass, render_kernel, source_id
+from .kl_print import js
 
 
 @dataclass
@@ -116,15 +118,17 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
 MAX_INPUTS = 15
 
 
-def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict, list[dict]]:
+def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict, list[dict], list[dict]]:
     """Kernels deduplicated by source hash, and the schedule referring to them by index, and to
     the textures by their index in `textures` (the bundle's TEXTURES: names are long, and every
-    pass lists several); and the JavaScript twins of the elementwise expressions the kernels use
-    (ops/elementwise.py: functions), once each, for the bundle's ELEMENTWISE table."""
+    pass lists several); the JavaScript twins of the elementwise expressions the kernels use
+    (ops/elementwise.py: functions), once each, for the bundle's ELEMENTWISE table; and the CPU functions
+    printed from the kernels written in the kernel language (codegen/kl_print.py), once each, for CPU_GENERATED."""
     kernels: list[dict] = []
     index: dict[str, int] = {}
     tex = {name: i for i, name in enumerate(textures)}
     functions: dict[str, dict] = {}
+    generated: dict[str, str] = {}
 
     def kernel_ref(k: Kernel) -> int:
         src = render_kernel(k)
@@ -134,10 +138,17 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                                                   "f": k.consts["js_f"], "d": k.consts["js_d"]})
         if sid not in index:
             index[sid] = len(kernels)
-            # template and consts let the CPU backend run the same kernel (runtime/cpu.js.j2)
-            kernels.append({"name": k.name, "source": src, "inputs": list(k.inputs),
-                            "outputs": k.outputs, "uniforms": list(k.uniforms),
-                            "template": k.template.removesuffix(".glsl.j2"), "consts": _json_consts(k.consts)})
+            # template and consts let the CPU backend run the same kernel (runtime/cpu.js.j2); a kernel of the
+            # kernel language runs its printed function instead (`cpu`: its key in CPU_GENERATED)
+            record = {"name": k.name, "source": src, "inputs": list(k.inputs),
+                      "outputs": k.outputs, "uniforms": list(k.uniforms),
+                      "template": k.template.removesuffix(".glsl.j2"), "consts": _json_consts(k.consts)}
+            if k.kl is not None:  # its shape constants are the function's consts (one function a structure)
+                fn = js(k.kl, list(k.inputs), k.outputs)
+                record["cpu"] = source_id(fn)[:10]
+                record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
+                generated[record["cpu"]] = fn
+            kernels.append(record)
         return index[sid]
 
     def passes(ps: list[Pass]) -> list[dict]:
@@ -156,7 +167,8 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
         "trainBackward": schedule.train_backward,
         "trunkPasses": schedule.trunk_passes,
     }
-    return kernels, data, sorted(functions.values(), key=lambda f: f["id"])
+    return kernels, data, sorted(functions.values(), key=lambda f: f["id"]), \
+        [{"id": i, "fn": f} for i, f in sorted(generated.items())]
 
 
 def _json_consts(consts: dict) -> dict:

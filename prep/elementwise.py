@@ -19,7 +19,7 @@ erf, sigmoid, max, min, pow (constant exponent), where(cond, a, b) with cond one
 A derivative `d[i]` is d op / d operand i; the backward computes dOperand_i = dY * d[i], summed
 over the axes operand i was broadcast along (ONNX multidirectional broadcasting).
 
-Adding an op is one entry of UNARY or BINARY (and its tests): nothing else lists ops.
+Adding an op is one entry of UNARY, BINARY or NORMS (and its tests): nothing else lists ops.
 """
 from __future__ import annotations
 
@@ -193,7 +193,16 @@ BINARY = {e.name: e for e in [
     Elementwise("prelu", "PRelu", where(A > 0.0, A, A * B), (where(A > 0.0, 1.0, B), where(A > 0.0, 0.0, A))),
 ]}
 
-OPS: dict[str, Elementwise] = {**UNARY, **BINARY}
+# Batch-norm in inference form where it cannot fold into the layer before it (prep/fold.py: free_batchnorm):
+# operands X, the scale and the shift (parameters, per channel: the batch-norm's weight and bias), the running mean
+# and 1 / sqrt(running_var + eps) (constants, per channel)
+_M, _S = arg(3), arg(4)
+NORMS = {e.name: e for e in [
+    Elementwise("batchnorm_affine", None, (X - _M) * _S * B + arg(2),
+                (_S * B, (X - _M) * _S, const(1.0), -(_S * B), (X - _M) * B)),
+]}
+
+OPS: dict[str, Elementwise] = {**UNARY, **BINARY, **NORMS}
 BY_ONNX: dict[str, Elementwise] = {e.onnx: e for e in OPS.values() if e.onnx}
 
 

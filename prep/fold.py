@@ -5,7 +5,16 @@
 
 Training then trains the folded layer: getWeights returns the folded tensors under the
 conv's (or dense layer's) names. A layer without a bias gets one, named after its weight
-(`conv1.weight` -> `conv1.bias`). Takes and returns the IR.
+(`conv1.weight` -> `conv1.bias`).
+
+A batch-norm that cannot fold (it follows a pool, a concat, the input, or a layer whose output something
+else reads too: DenseNet's BN-ReLU-conv) runs as what `model.eval()` computes, a per-channel affine op:
+
+    y = (x - mean) * (1 / sqrt(var + eps)) * gamma + beta
+
+an elementwise `batchnorm_affine` layer (prep/elementwise.py: NORMS) whose scale gamma and shift beta are
+parameters under the batch-norm's own state_dict names (`norm1.weight`, `norm1.bias`) and train; the running
+statistics are constants, as PyTorch's eval mode keeps them. Takes and returns the IR.
 """
 from __future__ import annotations
 
@@ -13,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from .ir import WEIGHTED, Graph, Param
+from .ir import WEIGHTED, Graph, Layer, Param
 from .errors import BuildError
 
 
@@ -26,13 +35,10 @@ def fold_batchnorm(graph: Graph) -> Graph:
         if layer.op != "batchnorm":
             out.append(layer)
             continue
-        x = layer.inputs[0]
-        prev = next((l for l in out if x in l.outputs), None)
-        if prev is None or prev.op not in WEIGHTED or "act" in prev.attrs or \
-                len(graph.consumers(x)) != 1 or x == graph.output:
-            what = "the model input" if prev is None else f"a {prev.op} layer ({prev.name!r})"
-            raise BuildError(f"BatchNormalization node {layer.name!r} follows {what}; only a batch-norm "
-                             "right after a conv, transposed conv or dense layer (its only consumer) can be folded")
+        prev = folds_into(layer, out, graph)
+        if prev is None:
+            out.append(free_batchnorm(layer, graph, params))
+            continue
         a = layer.attrs
         s = (a["scale"] / np.sqrt(a["var"] + a["eps"])).astype(np.float64)
         w = params[prev.params["weight"]]
@@ -58,15 +64,57 @@ def fold_batchnorm(graph: Graph) -> Graph:
         folded = dataclasses.replace(prev, outputs=list(layer.outputs), params=dict(prev.params, bias=b_name),
                                      name=f"{prev.name}+{layer.name}")
         out[out.index(prev)] = folded
-        shapes.pop(x, None)
+        shapes.pop(layer.inputs[0], None)
     order = list(graph.params)
-    ordered = {k: params[k] for k in sorted(params, key=lambda k: order.index(k) if k in order else
-                                              order.index(_weight_of(k, out)) + 0.5)}
+    ordered = {k: params[k] for k in sorted(params, key=lambda k: _position(k, order, out))}
     return dataclasses.replace(graph, layers=out, params=ordered, shapes=shapes)
 
 
-def _weight_of(bias_name: str, layers) -> str:
-    for layer in layers:
-        if layer.params.get("bias") == bias_name:
-            return layer.params["weight"]
-    raise AssertionError(bias_name)
+def folds_into(layer: Layer, before: list[Layer], graph: Graph) -> Layer | None:
+    """The layer among `before` that batch-norm `layer` folds into: the conv, transposed conv or dense layer
+    (without a fused activation) that produces its input for it alone; None where there is none."""
+    x = layer.inputs[0]
+    prev = next((l for l in before if x in l.outputs), None)
+    if prev is None or prev.op not in WEIGHTED or "act" in prev.attrs or len(graph.consumers(x)) != 1 or \
+            x == graph.output:
+        return None
+    return prev
+
+
+def free_batchnorm(layer: Layer, graph: Graph, params: dict[str, Param]) -> Layer:
+    """Batch-norm `layer` as a batchnorm_affine layer (see the module's docstring); adds its scale and shift
+    to `params` under their ONNX (state_dict) names."""
+    a = layer.attrs
+    c = a["scale"].size
+    shape = list(graph.shapes[layer.inputs[0]])
+    if shape[0] != c:
+        raise BuildError(f"BatchNormalization node {layer.name!r}: {c} channels for an input of per-sample shape "
+                         f"{shape}, whose channel axis has {shape[0]}")
+    per_channel = [c] + [1] * (len(shape) - 1)
+    names = a.get("names") or (f"{layer.name}.weight", f"{layer.name}.bias")
+    for name, key in zip(names, ("scale", "bias")):
+        if name in params:
+            raise BuildError(f"BatchNormalization node {layer.name!r}: its {key} {name!r} is also read by another "
+                             "layer (a tied batch-norm parameter is not supported)")
+        params[name] = Param(name, np.asarray(a[key], dtype=np.float32))
+    istd = 1.0 / np.sqrt(a["var"].astype(np.float64) + a["eps"])
+    operands = [{"kind": "act", "input": 0, "shape": shape},
+                {"kind": "param", "role": "weight", "shape": per_channel},
+                {"kind": "param", "role": "bias", "shape": per_channel},
+                {"kind": "const", "shape": per_channel, "values": a["mean"].astype(np.float32).tolist()},
+                {"kind": "const", "shape": per_channel, "values": istd.astype(np.float32).tolist()}]
+    return Layer("batchnorm_affine", layer.name, list(layer.inputs), list(layer.outputs), {"operands": operands},
+                 {"weight": names[0], "bias": names[1]})
+
+
+def _position(name: str, order: list[str], layers: list[Layer]) -> float:
+    """Where a parameter goes among the imported ones (`order`): its own place; a folded layer's new bias right
+    after its weight; a free batch-norm's scale and shift right after the last parameter of a layer before it."""
+    if name in order:
+        return order.index(name)
+    at = next(i for i, layer in enumerate(layers) if name in layer.params.values())
+    layer = layers[at]
+    if layer.op != "batchnorm_affine":
+        return order.index(layer.params["weight"]) + 0.5
+    before = [order.index(p) for l in layers[:at] for p in l.params.values() if p in order]
+    return max(before, default=-1) + (0.25 if name == layer.params["weight"] else 0.3)

@@ -22,6 +22,7 @@ from .elementwise import BY_ONNX
 from .errors import BuildError
 from .ir import Graph, Layer, Param
 from . import onnx_shape, resample
+from .lower import LOWERINGS, lower
 from .load import ALIASES_KEY, INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_SHAPES_KEY, TIED_KEY, \
     TRANSPOSED_KEY, initializer_arrays
 from .shape import Constant, chain_shape, part_shape
@@ -33,12 +34,14 @@ SUPPORTED_OPS = tuple(dict.fromkeys(
     ("Gemm", "MatMul", "Conv", "ConvTranspose", "BatchNormalization", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
      "ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2", "Resize", "Upsample", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad",
      "Split", "Softmax", "LogSoftmax", "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast", "Expand",
-     "ConstantOfShape", "Equal", "Where", "LayerNormalization") + tuple(BY_ONNX)))
-# ONNX ops that are not supported yet, with the PyTorch modules a user would know them by
-MODULE_HINTS = {"InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d",
-                "GroupNormalization": "nn.GroupNorm", "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN",
-                "Gelu": "nn.GELU", "Einsum": "torch.einsum", "Attention": "nn.MultiheadAttention",
-                "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}
+     "ConstantOfShape", "Equal", "Where", "LayerNormalization") + tuple(BY_ONNX) + tuple(LOWERINGS)))
+# ONNX ops that are not supported yet, with the PyTorch modules a user would know them by (a lowered op,
+# prep/lower.py, is supported: its hint goes)
+MODULE_HINTS = {k: v for k, v in {
+    "InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d", "GroupNormalization": "nn.GroupNorm",
+    "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN", "Gelu": "nn.GELU", "Einsum": "torch.einsum",
+    "Attention": "nn.MultiheadAttention", "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}.items()
+    if k not in LOWERINGS}
 # ops refused by decision, not by omission: why, in the build error
 _RECURRENT = ("recurrent layers are not supported yet (attention, nn.TransformerEncoderLayer, or a 1-D conv over "
               "the sequence builds)")
@@ -154,6 +157,9 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
     frozen parameter read at constant indices of two axes is computed into a constant, as it always could be."""
     from onnx import numpy_helper
 
+    _check_supported(model.graph)  # (every unsupported op at once, before a lowering names its own problem)
+    # ops that are compositions of supported ones (Einsum, DepthToSpace, CumSum, ...) rewritten into them
+    model = lower(model, shape_list(input_shape))
     g = model.graph
     consts: dict[str, object] = dict(initializer_arrays(model))  # name -> np.ndarray | symbolic list
     inputs = [i for i in g.input if i.name not in consts]
@@ -197,7 +203,6 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
     state_shapes = json.loads(meta.get(STATE_SHAPES_KEY, "{}"))
     padding_idx = json.loads(meta.get(PADDING_IDX_KEY, "{}"))
     uses: dict[str, int] = {}
-    _check_supported(g, consts)
 
     # tensors that are one constant sample repeated over the batch (Expand or ConstantOfShape to
     # [N, ...]): per-sample array; only Concat takes them, as constant parts of a gather
@@ -448,8 +453,12 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
         if op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice") and ins[0] in trainable_names and \
                 ins[0] in initializer_names and all(t in consts for t in ins[1:] if t):
             value = _fold(node, op, a, [consts[x] if x else None for x in ins])
-            if _strip_ones(np.shape(value)) == _strip_ones(np.shape(consts[ins[0]])):
-                # every value, in the same order, broadcasting as the parameter does (leading 1s aside)
+            users = [n for n in g.node if out in n.input]
+            if _strip_ones(np.shape(value)) == _strip_ones(np.shape(consts[ins[0]])) or (
+                    np.squeeze(value).shape == np.squeeze(consts[ins[0]]).shape and users and
+                    all(n.op_type in BY_ONNX and BY_ONNX[n.op_type].arity == 2 for n in users)):
+                # every value, in the same order, broadcasting as the parameter does (leading 1s aside), or a
+                # per-channel [C, 1, 1] view of a [C] parameter that only elementwise ops read (with its shape)
                 param_views[out] = ins[0]
                 consts[out] = value
                 continue
@@ -687,7 +696,8 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
                 _unsupported_attr(node, "training_mode", 1, "only the inference form can be folded")
             x = act(ins[0])
             stats = {k: weight(node, i).reshape(-1) for i, k in enumerate(("scale", "bias", "mean", "var"), 1)}
-            layers.append(Layer("batchnorm", node.name, [x], [out], dict(stats, eps=float(a.get("epsilon", 1e-5)))))
+            layers.append(Layer("batchnorm", node.name, [x], [out], dict(stats, eps=float(a.get("epsilon", 1e-5)),
+                                                                         names=(ins[1], ins[2]))))
             shapes[out] = shapes[x]
             continue
         if op == "Add" and len([i for i in ins if i not in consts]) == 1:
@@ -802,8 +812,10 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
                                 [rows_out(out, v, shapes[x][1])]))
             continue
         if op in BY_ONNX:
+            # a parameter read through a view broadcasts in the view's shape (a [C] scale as [C, 1, 1])
+            view_shapes = {ins[k]: np.shape(consts[t]) for k, t in enumerate(node.input[:2]) if t in param_views}
             layers.append(_elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names,
-                                       trainable_names))
+                                       trainable_names, view_shapes))
             continue
         if op == "Concat":
             operands = [batch_consts[i] if i in batch_consts else act(i) for i in ins]
@@ -1138,7 +1150,7 @@ def _as_2d(a: dict) -> dict:
     return out
 
 
-def _check_supported(g, consts) -> None:
+def _check_supported(g) -> None:
     """Fail on every ONNX op the IR cannot take, all of them in one message, each with its nodes and the
     PyTorch module it comes from where that is one a user would know."""
     bad: dict[str, list[str]] = {}
@@ -1209,7 +1221,8 @@ def _broadcast_shapes(node, full: list[tuple]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names, trainable_names) -> Layer:
+def _elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names, trainable_names,
+                 view_shapes=None) -> Layer:
     """An elementwise layer (prep/elementwise.py) from its ONNX node: the declaration's attributes, its
     operands (activations, constants baked into the kernel, or trainable parameters: an initializer that
     is an nn.Parameter, such as a layer scale, or a PRelu slope) broadcast to the output's shape."""
@@ -1235,7 +1248,7 @@ def _elementwise(node, out, a, ins, consts, shapes, act, param, initializer_name
     full = []
     for t in operand_ins:
         if t in consts:
-            full.append(tuple(np.shape(consts[t])))
+            full.append(tuple((view_shapes or {}).get(t, np.shape(consts[t]))))
         else:
             full.append((N,) + tuple(shapes[act(t)]))
     if all(t in consts for t in operand_ins):

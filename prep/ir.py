@@ -20,9 +20,12 @@ Ops, grouped:
                             weight [F], bias [F]; attrs: eps
                embedding    y[t] = W[ids[t]]: integer ids (T,) -> tokens (T, F); weight W [V, F] (the table,
                             nn.Embedding's weight); attrs: padding_idx (its row gets no gradient) or None
-  folded away  batchnorm    inference form; `prep.fold` folds it into the conv/dense before it
-  elementwise  every op of prep/elementwise.py: unary (relu, clip, hardswish, exp, ...: ACTIVATIONS) and
-               binary (add, sub, mul, div, prelu: BINARY) with ONNX broadcasting; attrs: the op's
+  folded away  batchnorm    inference form; `prep.fold` folds it into the conv/dense before it, or where it
+                            cannot, turns it into a batchnorm_affine (below); attrs: its statistics, eps and
+                            `names`, the ONNX names of its scale and shift
+  elementwise  every op of prep/elementwise.py: unary (relu, clip, hardswish, exp, ...: ACTIVATIONS),
+               binary (add, sub, mul, div, prelu: BINARY) and batchnorm_affine (a free batch-norm: NORMS),
+               with ONNX broadcasting; attrs: the op's
                attributes, and `operands` (see below)
   reducing     reduce       attrs: kind (mean, sum, max), axes (per-sample axes), keepdims
   normalising  softmax, log_softmax   over the channel axis (the class axis of (F,) data)
@@ -60,10 +63,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .elementwise import BINARY, UNARY
+from .elementwise import BINARY, NORMS, UNARY
 
 ACTIVATIONS = tuple(UNARY)
-ELEMENTWISE = ACTIVATIONS + tuple(BINARY)
+ELEMENTWISE = ACTIVATIONS + tuple(BINARY) + tuple(NORMS)
 POOLS = ("maxpool", "avgpool", "global_avgpool")
 REDUCE = ("reduce",)
 SOFTMAX = ("softmax", "log_softmax")

@@ -233,19 +233,25 @@ def view_ops(where: str, op: str, a: dict, vals: list, shape: tuple[int, ...]) -
     ops = []
     for ax, b, e, st in zip(axes, starts, ends, steps):
         ax = axis(where, ax, len(shape) + 1)
-        if isinstance(b, str) or isinstance(e, str) or st <= 0:
-            raise BuildError(f"{where}: Slice with start {b}, end {e}, step {st}: only constant bounds and positive "
+        if isinstance(b, str) or isinstance(e, str) or st == 0:
+            raise BuildError(f"{where}: Slice with start {b}, end {e}, step {st}: only constant bounds and non-zero "
                              "steps are supported")
         if ax == -1:
             if b == 0 and e >= 2 ** 31 - 1 and st == 1:
                 continue  # the whole batch
             raise BuildError(f"{where}: Slice on the batch axis is not supported")
-        d = shape[ax]
-        b, e = (min(max(v + d if v < 0 else v, 0), d) for v in (int(b), int(e)))
+        d, st = shape[ax], int(st)
+        if st > 0:
+            b, e = (min(max(v + d if v < 0 else v, 0), d) for v in (int(b), int(e)))
+        else:  # ONNX clamps a negative step's start to [0, d - 1] and its end to [-1, d - 1]
+            b, e = (min(max(v + d if v < 0 else v, lo), d - 1) for v, lo in ((int(b), 0), (int(e), -1)))
         if len(range(b, e, st)) == 0:
             raise BuildError(f"{where}: Slice [{b}:{e}:{st}] of axis {ax + 1} (size {d}) is empty")
+        if st < 0:  # the axis reversed, then sliced forwards: element b + j * st is d - 1 - b - j * st reversed
+            ops.append(("flip", ax))
+            b, e, st = d - 1 - b, d - 1 - e, -st
         if (b, e, st) != (0, d, 1):
-            ops.append(("slice", ax, b, e, int(st)))
+            ops.append(("slice", ax, b, e, st))
             shape = chain_shape(shape, ops[-1:])
     return ops
 

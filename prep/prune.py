@@ -158,7 +158,7 @@ def _gather_axis(layer, graph: Graph, axes, gs: _Groups) -> tuple[Seg, ...]:
     parts, out = layer.attrs["parts"], graph.shapes[layer.outputs[0]]
     ins = [axes[t] for t in layer.inputs]
     spatial = len(out) == 3 and all(len(graph.shapes[t]) == 3 for t in layer.inputs) and all(
-        p["input"] is not None and all(op[0] in ("slice", "pad") and op[1] != 0 for op in p["ops"]) for p in parts)
+        p["input"] is not None and all(op[0] in ("slice", "pad", "flip") and op[1] != 0 for op in p["ops"]) for p in parts)
     if spatial and all(len(x) == len(ins[0]) and all((a.n, a.rep) == (b.n, b.rep) for a, b in zip(x, ins[0]))
                        for x in ins):
         for x in ins[1:]:

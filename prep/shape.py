@@ -10,6 +10,8 @@ concatenation is parts padded to their place on the concat axis):
     ("permute", perm)       S[perm[0]], S[perm[1]], ...        (torch.permute of the per-sample axes)
     ("slice", a, b, e, s)   S with axis a of len(range(b, e, s)); 0 <= b < e <= S[a], s >= 1
     ("pad", a, lo, hi)      S with axis a of S[a] + lo + hi, zeros outside [lo, lo + S[a])
+    ("flip", a)             S, axis a in reverse order (torch.flip; a Slice with a negative step is a
+                            flip and a slice)
 
 Batch is never an axis here: every op maps one sample to one sample.
 
@@ -20,8 +22,8 @@ falls outside its mask [lo, hi):
 
     flat --unravel over shape--> (i0, i1, ...) --masks, sum i_k * stride_k + offset--> flat below
 
-A reshape pushes a fresh contiguous view; permute, slice and pad rewrite the strides, offset and mask
-of the top one. Views that map flat to flat unchanged are dropped, and adjacent axes that step
+A reshape pushes a fresh contiguous view; permute, slice, pad and flip rewrite the strides, offset and
+mask of the top one (a flip negates its axis' stride and moves the offset to the axis' last element). Views that map flat to flat unchanged are dropped, and adjacent axes that step
 together are merged, so ShuffleNet's Reshape -> Transpose -> Reshape becomes one view of 3 axes.
 
 The map runs over the *storage* of both ends, not their logical shapes: `storage_ops` (from the
@@ -31,7 +33,7 @@ and ends at the (c, h, w) of the source lane. A tensor packed differently (token
 issue 19) changes `storage_ops`, not this module.
 
 The backward of a part is the gather of the output gradient through the inverse chain: reshape back,
-the inverse permutation, a slice's gradient placed into zeros (a pad; with a step, the gradient
+the inverse permutation, a flip again, a slice's gradient placed into zeros (a pad; with a step, the gradient
 spread out by the step first), a pad's gradient sliced out. Every map here is injective (no element
 is read twice), so that gather is the whole gradient.
 """
@@ -95,6 +97,8 @@ def shape_after(shape: tuple[int, ...], op) -> tuple[int, ...]:
     if kind == "pad":
         _, a, lo, hi = op
         return shape[:a] + (shape[a] + lo + hi,) + shape[a + 1:]
+    if kind == "flip":
+        return shape
     raise AssertionError(f"unknown view op {op!r}")
 
 
@@ -121,6 +125,8 @@ def inverse_ops(shape, ops) -> list:
         elif kind == "pad":
             _, a, lo, _hi = op
             out.append(("slice", a, lo, lo + before[a], 1))
+        elif kind == "flip":
+            out.append(op)
         else:  # slice: element j of the output was element b + j * s of the input
             _, a, b, e, s = op
             n = len(range(b, e, s))
@@ -181,6 +187,12 @@ class Tracker:
             v.offset -= lo * v.strides[a]
             v.shape[a] = size
             v.mask[a] = (min(max(m0 + lo, 0), size), min(max(m1 + lo, 0), size))
+        elif kind == "flip":  # index i of the axis reads d - 1 - i
+            _, a = op
+            d, (lo, hi) = v.shape[a], v.mask[a]
+            v.offset += (d - 1) * v.strides[a]
+            v.strides[a] = -v.strides[a]
+            v.mask[a] = (d - hi, d - lo)
         else:
             raise AssertionError(f"unknown view op {op!r}")
         return self

@@ -164,6 +164,8 @@ def _view_op(t, op):
     if kind == "slice":
         _, a, b, e, s = op
         return t[(slice(None),) * (a + 1) + (slice(b, e, s),)]
+    if kind == "flip":
+        return torch.flip(t, [op[1] + 1])
     _, a, lo, hi = op  # pad with zeros
     return F.pad(t, [0, 0] * (t.dim() - a - 2) + [lo, hi])
 

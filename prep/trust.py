@@ -3,7 +3,8 @@
 For a PyTorch source (prep.load records its `named_parameters()` under PARAMETERS_KEY), every parameter
 must reach the IR as a trainable tensor of its own, or be accounted for:
 
-  * batch-norm's weight and bias, folded into the conv or dense layer before it (prep.fold): said once;
+  * batch-norm's weight and bias, folded into the conv or dense layer before it (prep.fold): said once (a
+    batch-norm that cannot fold trains its own weight and bias, prep.fold.free_batchnorm);
   * a parameter that forward does not use (PyTorch gives it no gradient either; UNUSED_KEY): listed;
   * a parameter that --trainable leaves out: frozen, a constant of the bundle; listed.
 
@@ -25,6 +26,7 @@ import json
 
 from .ir import Graph
 from .errors import BuildError
+from .fold import fold_batchnorm
 from .load import FOLDED_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_KEYS_KEY, TIED_KEY, UNUSED_KEY
 
 
@@ -51,15 +53,16 @@ def check_trainable(model, graph: Graph, patterns: str) -> dict:
     declared = declared_parameters(model) or []
     onnx_file = meta.get(SOURCE_KEY) == json.dumps("onnx")
     consumers = _consumers(model)
+    free = {n for layer in fold_batchnorm(graph).layers if layer.op == "batchnorm_affine" for n in layer.params.values()}
     bn = sorted({n.input[k] for n in model.graph.node if n.op_type == "BatchNormalization" for k in (1, 2)
-                 if len(n.input) > k})
+                 if len(n.input) > k} - free)  # folded into the layer before them (a free one trains as itself)
     folded = json.loads(meta.get(FOLDED_KEY, "{}"))
     tied = json.loads(meta.get(TIED_KEY, "{}"))
     unused = json.loads(meta.get(UNUSED_KEY, "[]"))
     source = {n: p.source or tied.get(n) or n for n, p in graph.params.items()}
     problems: list[str] = []
     for name in declared:
-        if name in graph.params or name in bn or name in unused or not selected(patterns, name):
+        if name in graph.params or name in free or name in bn or name in unused or not selected(patterns, name):
             continue
         if name in folded:
             why = folded[name]
@@ -83,7 +86,8 @@ def check_trainable(model, graph: Graph, patterns: str) -> dict:
         raise BuildError("these parameters would not train as they do in PyTorch: " + "; ".join(problems) +
                          ". Leave them out of --trainable to ship them frozen (as constants), or change the model")
     frozen = {source[n] for n in graph.params if not selected(patterns, source[n]) and not selected(patterns, n)}
-    frozen |= {n for n in declared if n not in graph.params and n not in bn and n not in unused}
+    frozen |= {n for n in free if not selected(patterns, n)}
+    frozen |= {n for n in declared if n not in graph.params and n not in free and n not in bn and n not in unused}
     keys = json.loads(meta[STATE_KEYS_KEY]) if STATE_KEYS_KEY in meta else None
     readers: dict[str, list[str]] = {}
     for layer in graph.layers:

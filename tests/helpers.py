@@ -14,10 +14,13 @@ from texelfit.prep.load import export_simplified
 
 
 def build_module(site, folder: str, module: torch.nn.Module, input_shape, *, max_batch=64, loss="cross_entropy",
-                 name="model", trainable="*", input_dtype="float32", **options) -> str:
+                 name="model", trainable="*", input_dtype="float32", transform=None, **options) -> str:
     """Export `module` the way `texelfit build` does and serve the bundle; returns the module URL.
-    `options`: more of compile_onnx's (weights_file, input_normalize, ...)."""
+    `options`: more of compile_onnx's (weights_file, input_normalize, ...). `transform(onnx_model)`: a rewrite of
+    the export before the build (an ONNX form that torch does not export, of the same function)."""
     onnx_model = export_simplified(module, tuple(input_shape), input_dtype=input_dtype)
+    if transform is not None:
+        onnx_model = transform(onnx_model)
     result = compile_onnx(onnx_model, name=name, input_shape=input_shape, max_batch=max_batch, loss=loss,
                           trainable=trainable, **options)
     url = site.add_files(folder, result.files)
@@ -217,14 +220,14 @@ GRAD = dict(atol=2e-6, rtol=2e-4)
 
 
 def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0,
-             fwd=FWD, grad=GRAD, options=None, ids=None, max_batch=64):
+             fwd=FWD, grad=GRAD, options=None, ids=None, max_batch=64, transform=None):
     """Forward output and the gradient of every weight against PyTorch autograd.
 
     Makes the module with `factory()` after seeding (the same weights whatever ran before),
     builds the bundle, runs `predict` and `gradients` in the page on random data, and compares
     tensor by tensor with |got - ref| <= atol + rtol * |ref|. The loss is taken on the raw output
     (class logits for cross_entropy, any shape for mse). With `ids` (an int V), x is int64 token ids
-    in [0, V), passed to the page as an Int32Array."""
+    in [0, V), passed to the page as an Int32Array. `transform`: build_module's."""
     torch.manual_seed(seed)
     module = factory().eval()
     g = torch.Generator().manual_seed(seed)  # the data, whatever the export draws from the global RNG
@@ -237,7 +240,8 @@ def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0
     else:
         y = torch.randn((batch,) + tuple(out_shape), generator=g)
         y_js = y.reshape(-1).tolist()
-    url = build_module(site, f"op_{case}", module, shape, input_dtype="int64" if ids else "float32", max_batch=max_batch)
+    url = build_module(site, f"op_{case}", module, shape, input_dtype="int64" if ids else "float32", max_batch=max_batch,
+                       transform=transform)
     got = run_model(web, url, """
         const x = args.ids ? Int32Array.from(args.x) : new Float32Array(args.x);
         const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);

@@ -112,7 +112,7 @@ def _issue6_cnn():
 def test_shipped_runtime_is_compact(factory, shape):
     """The runtime ships without the templates' comments and indentation (codegen/render.py,
     codegen/kernels.py), with the GLSL common to all kernels once and only the CPU twins of the kernels
-    the schedule uses, which keeps the issue-6 benchmark models' bundles without weights under 36 KB
+    the schedule uses, which keeps the issue-6 benchmark models' bundles without weights under 37 KB
     gzip. The CNN's was 29.6 KB; choosing the CPU twins took 0.7 KB off; transfer learning (fit's
     trainable subset) added 0.9 KB and issue 18's option tables, error messages, loss feed and
     checkpoint scoping 3.5 KB: 33.5 KB; issue 17's weights loader (NAME.weights.bin, createModel({ weights }))
@@ -120,9 +120,12 @@ def test_shipped_runtime_is_compact(factory, shape):
     fromImages too: 3.2 KB more); issue 30's memory checks (the planned bytes, createModel's memoryBudget and
     allocation check, GL error checks and the fit's rollback on one) 0.69 KB and its transfers in pieces (uploads
     and readbacks of more than 64 MiB) 0.28 KB, its wait for a context lost while allocating and the fit's
-    save that leaves a GL error to the fit 0.04 KB: 34.99 KB, under 35 KB. Issue 34's federated-learning client
-    (m.federate: join, the round's weights in, fit, the delta out as float32 or int8, heartbeats, errors) 0.98 KB
-    (34,995 -> 35,971 bytes): the budget is 36,000. The opening comment and each shader's kernel-name line stay."""
+    save that leaves a GL error to the fit 0.04 KB: 34.99 KB; issue 31's kernel language, whose CPU functions are
+    printed per kernel structure (CPU_GENERATED: here the two max-pool kernels, 0.74 KB, in place of their
+    hand-written twins, 0.23 KB), 0.4 KB: 35.42 KB, under 36 KB; issue 34's federated-learning client (m.federate:
+    join, the round's weights in, fit, the delta out as float32 or int8, heartbeats, errors) 0.98 KB (35,416 ->
+    36,393 bytes): the budget is raised by that, to 37,000. The opening comment and each shader's kernel-name line
+    stay."""
     import gzip
 
     js = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=64).files["m.js"]
@@ -132,7 +135,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 36_000
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_000
 
 
 def test_compact_js_keeps_strings_and_template_literals():

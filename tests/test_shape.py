@@ -36,6 +36,8 @@ def numpy_chain(x, ops):
             sl = [slice(None)] * x.ndim
             sl[a] = slice(b, e, s)
             x = x[tuple(sl)]
+        elif kind == "flip":
+            x = np.flip(x, op[1])
         else:
             _, a, lo, hi = op
             widths = [(0, 0)] * x.ndim
@@ -57,6 +59,9 @@ CHAINS = {
     "pad_then_shuffle": ((4, 2, 3), [("pad", 0, 4, 0), ("reshape", (2, 4, 2, 3)), ("permute", (1, 0, 2, 3)),
                                      ("reshape", (8, 2, 3))]),
     "slice_permute_slice": ((6, 5, 4), [("slice", 2, 1, 4, 2), ("permute", (2, 0, 1)), ("slice", 1, 1, 6, 3)]),
+    "flip_two_axes": ((3, 5, 4), [("flip", 1), ("flip", 2)]),
+    "flip_slice_step": ((7, 9, 5), [("flip", 1), ("slice", 1, 1, 9, 3), ("flip", 0), ("permute", (1, 0, 2))]),
+    "pad_flip_reshape": ((4, 2, 3), [("pad", 0, 1, 2), ("flip", 0), ("reshape", (7, 6)), ("flip", 1)]),
 }
 
 
@@ -165,7 +170,7 @@ def test_channel_shuffle_is_one_pass_and_squeezes_are_none():
 # ---- pruning through shape ops --------------------------------------------------------------------
 
 class SpatialSlice(torch.nn.Module):
-    """A slice of H and W keeps the channels: the pruner passes the selection through it."""
+    """A slice of H and W (and a flip of W) keeps the channels: the pruner passes the selection through it."""
 
     def __init__(self):
         super().__init__()
@@ -174,7 +179,7 @@ class SpatialSlice(torch.nn.Module):
         self.fc = torch.nn.Linear(8 * 3 * 3, 5)
 
     def forward(self, x):
-        y = torch.relu(self.a(x))[:, :, 1:, ::2]  # (12, 10, 5)
+        y = torch.flip(torch.relu(self.a(x))[:, :, 1:, ::2], [3])  # (12, 10, 5)
         y = torch.cat([y, y[:, :, :2]], 2)  # (12, 12, 5): a concat on H
         return self.fc(torch.flatten(F.max_pool2d(torch.relu(self.b(y)), (3, 1))[:, :, :3], 1))
 
@@ -218,7 +223,14 @@ FORMS = {
     "slice_steps": ("Slice", {}, [np.array([0, 1]), np.array([5, 6]), np.array([-2, -1]), np.array([2, 3])],
                     [("slice", 1, 0, 5, 2), ("slice", 2, 1, 6, 3)]),
     "slice_whole_batch": ("Slice", {}, [np.array([0]), np.array([2 ** 63 - 1]), np.array([0]), None], []),
-    "slice_negative_step": ("Slice", {}, [np.array([4]), np.array([0]), np.array([1]), np.array([-1])], "bad"),
+    # a negative step: the axis flipped, then sliced forwards (start clamped to d - 1, end to -1)
+    "slice_negative_step": ("Slice", {}, [np.array([4]), np.array([0]), np.array([1]), np.array([-1])],
+                            [("flip", 0), ("slice", 0, 0, 3, 1)]),
+    "flip": ("Slice", {}, [np.array([-1, -1]), np.array([-2 ** 63, -2 ** 63]), np.array([2, 3]), np.array([-1, -1])],
+             [("flip", 1), ("flip", 2)]),
+    "slice_step_minus_2": ("Slice", {}, [np.array([-2]), np.array([0]), np.array([3]), np.array([-2])],
+                           [("flip", 2), ("slice", 2, 1, 5, 2)]),
+    "slice_step_zero": ("Slice", {}, [np.array([4]), np.array([0]), np.array([1]), np.array([0])], "bad"),
 }
 
 

@@ -160,7 +160,8 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
     rep["texture_bytes_by_role"] = role_bytes(plan, storage, trunk_bytes)
     rep["trainable"] = graph.trainable_params()
     rep["trainable_set"] = parameters
-    rep["batchnorm_folded"] = sum(layer.op == "batchnorm" for layer in imported.layers)
+    rep["batchnorm_folded"] = sum(layer.op == "batchnorm" for layer in imported.layers) - \
+        sum(layer.op == "batchnorm_affine" for layer in full.layers)
     rep["max_batch"] = max_batch
     rep["memory"] = memory
     rep["trunk"] = trunk

@@ -1,0 +1,280 @@
+"""The kernel language: a kernel written once, printed as a GLSL fragment shader and as a JavaScript CPU kernel.
+
+A kernel computes one output texel (4 lanes: a vec4) at its coordinate (`ROW`, `COL`) of the output's texture,
+from loads of its input textures at computed texel coordinates, in the channel-packed layout every backend shares
+(prep/layout.py). It is a list of statements built in Python:
+
+    k = KernelDef()
+    base = k.let("base", COL // c4 * c4)            int, float, vec4 or bool values; + - * / // % < > ...
+    m = k.let("m", -3.0e38)
+    with k.loop("j", c4) as j:                     for (int j = 0; j < c4; j++)
+        k.set(m, maximum(m, hmax(load("X", ROW, base + j))))
+    with k.when(m > 0.0): ...                      if (m > 0.0) { ... }
+    k.out(exp(load("X", ROW, COL) - m))            out0: the texel written
+
+Expressions are trees of `X` nodes: constants (Python ints and floats lift to int and float), shape constants
+(`k.sym(name, value)`: a literal in GLSL, read from the kernel's constants in JavaScript), `ROW`, `COL`,
+`uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `to_float(i)`, arithmetic (a vec4
+with a float broadcasts), exp, log, sqrt, abs, maximum, minimum, comparisons (`a.eq(b)`, `a.ne(b)` for == and !=), & and | of bools,
+`select(cond, a, b)`, `dot`, `hmax`, `hsum`, and
+`valid(cols, j)`: 1.0 in each lane of channel texel j that holds one of `cols` channels, 0.0 in padding lanes
+(`is_valid(cols, j)`: the same as a condition).
+
+Printers (codegen/kl_print.py) emit the body of `main()` in GLSL, where a vec4 is a vec4, and a JavaScript function
+over the CPU backend's textures, where a vec4 is four numbers (the printer writes each lane out: no arrays).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+TYPES = ("int", "float", "vec4", "bool", "bvec4")
+
+
+@dataclass(frozen=True)
+class X:
+    op: str
+    args: tuple = ()
+    value: object = None
+    type: str = "float"
+
+    def _bin(self, op, o, swap=False):
+        a, b = (lift(o), self) if swap else (self, lift(o))
+        return X(op, (a, b), type=_arith_type(op, a, b))
+
+    def __add__(self, o): return self._bin("add", o)
+    def __radd__(self, o): return self._bin("add", o, True)
+    def __sub__(self, o): return self._bin("sub", o)
+    def __rsub__(self, o): return self._bin("sub", o, True)
+    def __mul__(self, o): return self._bin("mul", o)
+    def __rmul__(self, o): return self._bin("mul", o, True)
+    def __truediv__(self, o): return self._bin("div", o)
+    def __rtruediv__(self, o): return self._bin("div", o, True)
+    def __floordiv__(self, o): return self._bin("idiv", o)
+    def __rfloordiv__(self, o): return self._bin("idiv", o, True)
+    def __mod__(self, o): return self._bin("mod", o)
+    def __neg__(self): return X("neg", (self,), type=self.type)
+    def __lt__(self, o): return _cmp("lt", self, o)
+    def __gt__(self, o): return _cmp("gt", self, o)
+    def __le__(self, o): return _cmp("le", self, o)
+    def __ge__(self, o): return _cmp("ge", self, o)
+    def eq(self, o): return _cmp("eq", self, o)
+    def ne(self, o): return _cmp("ne", self, o)
+
+    def __and__(self, o): return _logic("and", self, o)
+    def __or__(self, o): return _logic("or", self, o)
+
+
+def lift(v) -> X:
+    if isinstance(v, X):
+        return v
+    if isinstance(v, bool):
+        raise TypeError("kl: no bool constants")
+    if isinstance(v, int):
+        return X("int", value=v, type="int")
+    return X("float", value=float(v), type="float")
+
+
+def _arith_type(op: str, a: X, b: X) -> str:
+    if op in ("idiv", "mod"):
+        if a.type != "int" or b.type != "int":
+            raise TypeError(f"kl: {op} of {a.type} and {b.type} (integers only)")
+        return "int"
+    types = {a.type, b.type}
+    if types == {"int"}:
+        if op == "div":
+            raise TypeError("kl: / of two ints (write // for integer division)")
+        return "int"
+    if "int" in types or types - {"float", "vec4"}:
+        raise TypeError(f"kl: {op} of {a.type} and {b.type}")
+    return "vec4" if "vec4" in types else "float"
+
+
+def _cmp(op, a, b) -> X:
+    a, b = lift(a), lift(b)
+    if a.type == "vec4" or b.type == "vec4":
+        return X(op, (a, b), type="bvec4")
+    return X(op, (a, b), type="bool")
+
+
+def _logic(op, a, b) -> X:
+    if a.type != "bool" or b.type != "bool":
+        raise TypeError(f"kl: {op} of {a.type} and {b.type} (bools only)")
+    return X(op, (a, b), type="bool")
+
+
+def to_float(i) -> X:
+    i = lift(i)
+    if i.type != "int":
+        raise TypeError(f"kl: to_float of a {i.type}")
+    return X("float_of", (i,), type="float")
+
+
+ROW = X("row", type="int")
+COL = X("col", type="int")
+
+
+def uniform(name: str, type_: str) -> X:
+    return X("uniform", value=name, type=type_)
+
+
+def load(tensor: str, row, col) -> X:
+    return X("load", (lift(row), lift(col)), tensor, "vec4")
+
+
+def lane(v: X, i: int) -> X:
+    return X("lane", (v,), int(i), "float")
+
+
+def splat(f) -> X:
+    return X("splat", (lift(f),), type="vec4")
+
+
+def _unary(op):
+    def f(x):
+        x = lift(x)
+        if x.type not in ("float", "vec4"):
+            raise TypeError(f"kl: {op} of {x.type}")
+        return X(op, (x,), type=x.type)
+    return f
+
+
+exp, log, sqrt, abs_ = (_unary(k) for k in ("exp", "log", "sqrt", "abs"))
+
+
+def maximum(a, b) -> X:
+    a, b = lift(a), lift(b)
+    return X("max", (a, b), type=_arith_type("max", a, b))
+
+
+def minimum(a, b) -> X:
+    a, b = lift(a), lift(b)
+    return X("min", (a, b), type=_arith_type("min", a, b))
+
+
+def select(cond: X, a, b) -> X:
+    """a where cond holds, else b (lane by lane for a bvec4 condition)."""
+    a, b = lift(a), lift(b)
+    t = "vec4" if "vec4" in (a.type, b.type) else a.type
+    if cond.type == "bvec4" and t != "vec4":
+        raise TypeError("kl: select by a bvec4 between scalars")
+    return X("select", (cond, a, b), type=t)
+
+
+def dot(a: X, b: X) -> X:
+    return X("dot", (a, b), type="float")
+
+
+def hmax(v: X) -> X:
+    """The largest of the 4 lanes."""
+    return X("hmax", (v,), type="float")
+
+
+def hsum(v: X) -> X:
+    """The sum of the 4 lanes."""
+    return X("hsum", (v,), type="float")
+
+
+def valid(cols, j) -> X:
+    """1.0 in each lane of channel texel j that holds one of the `cols` channels (an int or a shape constant),
+    else 0.0: lane i of texel j holds channel 4 * j + i."""
+    return X("valid", (lift(j), lift(cols)), type="vec4")
+
+
+def is_valid(cols, j) -> X:
+    """valid(cols, j) as a condition: true in the lanes that hold a channel (for select)."""
+    return X("isvalid", (lift(j), lift(cols)), type="bvec4")
+
+
+def var(name: str, type_: str) -> X:
+    return X("var", value=name, type=type_)
+
+
+class KernelDef:
+    """A kernel's statements: ("let", name, expr), ("set", name, expr), ("for", name, start, stop, body),
+    ("if", cond, body), ("out", i, expr). `inputs`: the textures it loads, in the order they are bound; `outputs`: how many it writes."""
+
+    def __init__(self):
+        self._blocks: list[list] = [[]]
+        self._names: set[str] = set()
+        self.written: set[int] = set()
+        self.symbols: dict[str, int | float] = {}
+
+    @property
+    def body(self) -> list:
+        assert len(self._blocks) == 1, "kl: a loop is still open"
+        return self._blocks[0]
+
+    def _name(self, name: str) -> str:
+        if name in self._names or name in ("row", "col", "c", "u", "rows", "o") or not name.isidentifier():
+            raise ValueError(f"kl: name {name!r} is taken")
+        self._names.add(name)
+        return name
+
+    def sym(self, name: str, value) -> X:
+        """A shape constant: baked into the GLSL as its value; the JavaScript function reads it from the kernel's
+        constants (c[name]), so one function serves every layer of the same structure."""
+        if not name.isidentifier() or self.symbols.get(name, value) != value or isinstance(value, bool):
+            raise ValueError(f"kl: symbol {name!r} = {value!r}")
+        self.symbols[name] = value
+        return X("sym", value=(name, value), type="int" if isinstance(value, int) else "float")
+
+    def syms(self, **values) -> list[X]:
+        return [self.sym(k, v) for k, v in values.items()]
+
+    def let(self, name: str, e) -> X:
+        e = lift(e)
+        self._blocks[-1].append(("let", self._name(name), e))
+        return var(name, e.type)
+
+    def set(self, v: X, e) -> None:
+        e = lift(e)
+        if v.op != "var" or v.type != e.type:
+            raise TypeError(f"kl: cannot set {v} to a {e.type}")
+        self._blocks[-1].append(("set", v.value, e))
+
+    @contextmanager
+    def loop(self, name: str, stop, start=0):
+        i = var(self._name(name), "int")
+        self._blocks.append([])
+        yield i
+        body = self._blocks.pop()
+        self._blocks[-1].append(("for", name, lift(start), lift(stop), body))
+
+    @contextmanager
+    def when(self, cond: X):
+        """The statements inside run only where cond (a bool) holds."""
+        if cond.type != "bool":
+            raise TypeError(f"kl: when of a {cond.type}")
+        self._blocks.append([])
+        yield
+        body = self._blocks.pop()
+        self._blocks[-1].append(("if", cond, body))
+
+    def out(self, e, i: int = 0) -> None:
+        e = lift(e)
+        if e.type != "vec4" or i in self.written:
+            raise TypeError(f"kl: out{i} takes one vec4, got a {e.type}")
+        self.written.add(i)
+        self._blocks[-1].append(("out", i, e))
+
+    def loads(self) -> list[str]:
+        """The textures the kernel reads, in first-read order."""
+        seen: list[str] = []
+
+        def walk(e: X):
+            if e.op == "load" and e.value not in seen:
+                seen.append(e.value)
+            for a in e.args:
+                walk(a)
+
+        def stmts(body):
+            for s in body:
+                if s[0] == "for":
+                    walk(s[2]), walk(s[3]), stmts(s[4])
+                elif s[0] == "if":
+                    walk(s[1]), stmts(s[2])
+                else:
+                    walk(s[2])
+        stmts(self.body)
+        return seen

@@ -1,0 +1,287 @@
+"""Printers of the kernel language (codegen/kl.py): one per target, each a table from node kind to snippet.
+
+    glsl(k)              the body of a GLSL ES 3.00 fragment shader (after the prelude: kernels/prelude.glsl.j2
+                         declares getX(row, col4), the uniforms and out0, out1, ...); a vec4 is a vec4
+    js(k, inputs, n)     a JavaScript function (c, [X...], [Y...], u, rows) of the CPU backend
+                         (runtime/cpu.js.j2: CpuRunner), drawing what the GPU draws: every texel of the first
+                         `rows` rows; a vec4 is four numbers, one variable a lane, and each load of a statement
+                         reads its texel's index once
+
+A WGSL printer is one more of these.
+"""
+from __future__ import annotations
+
+from .kernels import glsl_float
+from .kl import X
+
+_GLSL_TYPE = {"int": "int", "float": "float", "vec4": "vec4", "bool": "bool", "bvec4": "bvec4"}
+_GLSL_CMP = {"lt": ("<", "lessThan"), "gt": (">", "greaterThan"), "le": ("<=", "lessThanEqual"),
+             "ge": (">=", "greaterThanEqual"), "eq": ("==", "equal"), "ne": ("!=", "notEqual")}
+_LOGIC = {"and": "&&", "or": "||"}
+_ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%"}
+
+
+_FOLD = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+         "idiv": lambda a, b: a // b if a >= 0 and b > 0 else None, "mod": lambda a, b: a % b if a >= 0 and b > 0 else None,
+         "max": max, "min": min, "neg": lambda a: -a}
+
+
+def _const(e: X):
+    """The value of an int expression of constants and shape constants, or None."""
+    if e.op == "int":
+        return e.value
+    if e.op == "sym" and e.type == "int":
+        return e.value[1]
+    if e.type != "int" or e.op not in _FOLD:
+        return None
+    args = [_const(a) for a in e.args]
+    return None if None in args else _FOLD[e.op](*args)
+
+
+def _glsl(e: X) -> str:
+    if e.op != "int" and e.type == "int" and _const(e) is not None:
+        return _glsl(X("int", value=_const(e), type="int"))
+    if e.op == "sym":
+        return _glsl(X("float", value=float(e.value[1])))
+    op, a = e.op, [_glsl(x) for x in e.args]
+    if op == "int":
+        return str(e.value) if e.value >= 0 else f"({e.value})"
+    if op == "float":
+        return glsl_float(e.value) if e.value >= 0 else f"({glsl_float(e.value)})"
+    if op in ("var", "uniform"):
+        return e.value
+    if op == "row":
+        return "_p.y"
+    if op == "col":
+        return "_p.x"
+    if op == "load":
+        return f"get{e.value}({a[0]}, {a[1]})"
+    if op == "lane":
+        return f"{a[0]}[{e.value}]"
+    if op == "splat":
+        return f"vec4({a[0]})"
+    if op == "float_of":
+        return f"float({a[0]})"
+    if op in _LOGIC:
+        return f"({a[0]} {_LOGIC[op]} {a[1]})"
+    if op in _ARITH:
+        return f"({a[0]} {_ARITH[op]} {a[1]})"
+    if op == "neg":
+        return f"(-{a[0]})"
+    if op in ("exp", "log", "sqrt", "abs", "max", "min", "dot"):
+        return f"{op}({', '.join(a)})"
+    if op == "hmax":
+        return f"_hmax({a[0]})"
+    if op == "hsum":
+        return f"dot({a[0]}, vec4(1.0))"
+    if op in _GLSL_CMP:
+        scalar, vector = _GLSL_CMP[op]
+        if e.type == "bvec4":
+            return f"{vector}({_vec(e.args[0], a[0])}, {_vec(e.args[1], a[1])})"
+        return f"({a[0]} {scalar} {a[1]})"
+    if op == "select":  # mix(b, a, bvec4) takes a where the condition holds, exactly
+        if e.args[0].type == "bvec4":
+            return f"mix({_vec(e.args[2], a[2])}, {_vec(e.args[1], a[1])}, {a[0]})"
+        if e.type == "vec4":
+            return f"({a[0]} ? {_vec(e.args[1], a[1])} : {_vec(e.args[2], a[2])})"
+        return f"({a[0]} ? {a[1]} : {a[2]})"
+    if op == "valid":
+        return f"_valid{_const(e.args[1])}({a[0]})"
+    if op == "isvalid":
+        return f"greaterThan(_valid{_const(e.args[1])}({a[0]}), vec4(0.0))"
+    raise AssertionError(f"kl glsl: {op}")
+
+
+def _vec(e: X, text: str) -> str:
+    """A float operand where GLSL wants a vec4 (mix, the vector comparisons, the branches of a select)."""
+    return text if e.type == "vec4" else f"vec4({text})"
+
+
+def glsl(k) -> str:
+    helpers: dict[str, str] = {}
+
+    def need(e: X):
+        if e.op == "hmax":
+            helpers["_hmax"] = "float _hmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }"
+        if e.op in ("valid", "isvalid"):
+            n = _const(e.args[1])
+            rem = n % 4 or 4
+            mask = ", ".join("1.0" if i < rem else "0.0" for i in range(4))
+            helpers[f"_valid{n}"] = (f"vec4 _valid{n}(int j) {{ return j < {(n + 3) // 4 - 1} ? vec4(1.0) : "
+                                     f"vec4({mask}); }}")
+        for x in e.args:
+            need(x)
+
+    lines: list[str] = []
+
+    def block(body, indent):
+        pad = "  " * indent
+        for s in body:
+            kind = s[0]
+            if kind == "for":
+                need(s[2]), need(s[3])
+                lines.append(f"{pad}for (int {s[1]} = {_glsl(s[2])}; {s[1]} < {_glsl(s[3])}; {s[1]}++) {{")
+                block(s[4], indent + 1)
+                lines.append(pad + "}")
+                continue
+            if kind == "if":
+                need(s[1])
+                lines.append(f"{pad}if ({_glsl(s[1])}) {{")
+                block(s[2], indent + 1)
+                lines.append(pad + "}")
+                continue
+            need(s[2])
+            if kind == "let":
+                lines.append(f"{pad}{_GLSL_TYPE[s[2].type]} {s[1]} = {_glsl(s[2])};")
+            elif kind == "set":
+                lines.append(f"{pad}{s[1]} = {_glsl(s[2])};")
+            else:
+                lines.append(f"{pad}out{s[1]} = {_glsl(s[2])};")
+
+    block(k.body, 1)
+    return "\n".join([*sorted(helpers.values()), "void main() {", "  ivec2 _p = outCoord();", *lines, "}"]) + "\n"
+
+
+# ---- JavaScript: a vec4 is a Float64Array(4) allocated once a call; a vec4 statement is a loop over its lanes ----
+
+_JS_FN = {"exp": "Math.exp", "log": "Math.log", "sqrt": "Math.sqrt", "abs": "Math.abs", "max": "Math.max",
+          "min": "Math.min"}
+_JS_CMP = {"lt": "<", "gt": ">", "le": "<=", "ge": ">=", "eq": "===", "ne": "!==", "and": "&&", "or": "||"}
+_VEC = ("vec4", "bvec4")
+
+
+def _js_num(v: float) -> str:
+    r = repr(float(v))
+    return {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}.get(r, r)
+
+
+class _JS:
+    """Prints a statement's expressions; what a statement needs first (the texel index of each load, the value of
+    a scalar inside a vec4 expression, a vec4 that a cross-lane op reads) goes into `pre`, printed before it."""
+
+    def __init__(self):
+        self.pre: list[str] = []
+        self.count = 0
+        self.arrays: list[str] = []  # vec4 variables and scratch vectors, allocated once a call
+        self.symbols: set[str] = set()  # the shape constants read (c.NAME)
+
+    def fresh(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def scalar(self, e: X) -> str:
+        op = e.op
+        if op == "int":
+            return str(e.value) if e.value >= 0 else f"({e.value})"
+        if op == "float":
+            return _js_num(e.value) if e.value >= 0 else f"({_js_num(e.value)})"
+        if op == "sym":
+            self.symbols.add(e.value[0])
+            return f"c.{e.value[0]}"
+        if op == "var":
+            return e.value
+        if op == "uniform":
+            return f"u.{e.value}"
+        if op in ("row", "col"):
+            return op
+        if op == "lane":
+            return f"{self.vec(e.args[0])}[{e.value}]"
+        if op == "dot":
+            a, b = self.vec(e.args[0]), self.vec(e.args[1])
+            return "(" + " + ".join(f"{a}[{j}] * {b}[{j}]" for j in range(4)) + ")"
+        if op == "hmax":
+            v = self.vec(e.args[0])
+            return f"Math.max({v}[0], {v}[1], {v}[2], {v}[3])"
+        if op == "hsum":
+            v = self.vec(e.args[0])
+            return f"({v}[0] + {v}[1] + {v}[2] + {v}[3])"
+        if op == "float_of":
+            return self.scalar(e.args[0])
+        return self._op(e, [self.scalar(x) for x in e.args])
+
+    def _op(self, e: X, a: list[str]) -> str:
+        op = e.op
+        if op == "idiv":
+            return f"(({a[0]} / {a[1]}) | 0)"
+        if op in _ARITH:
+            return f"({a[0]} {_ARITH[op]} {a[1]})"
+        if op == "neg":
+            return f"(-{a[0]})"
+        if op in _JS_FN:
+            return f"{_JS_FN[op]}({', '.join(a)})"
+        if op in _JS_CMP:
+            return f"({a[0]} {_JS_CMP[op]} {a[1]})"
+        if op == "select":
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        raise AssertionError(f"kl js: {op}")
+
+    def vec(self, e: X) -> str:
+        """A vector holding e's lanes: its variable, or a scratch vector filled before the statement."""
+        if e.op == "var":
+            return e.value
+        v = self.fresh("v")
+        self.arrays.append(v)
+        self.pre.append(f"for (let l = 0; l < 4; l++) {v}[l] = {self.lanewise(e)};")
+        return v
+
+    def lanewise(self, e: X) -> str:
+        """Lane l of e; a scalar part is computed once, before the lane loop."""
+        op = e.op
+        if e.type not in _VEC:
+            if op in ("int", "float", "sym", "var", "uniform"):
+                return self.scalar(e)
+            t = self.fresh("f")
+            self.pre.append(f"const {t} = {self.scalar(e)};")
+            return t
+        if op == "var":
+            return f"{e.value}[l]"
+        if op == "load":
+            t = self.fresh("t")
+            self.pre.append(f"const {t} = ({self.scalar(e.args[0])} * {e.value}.width + {self.scalar(e.args[1])}) * 4;")
+            return f"{e.value}.data[{t} + l]"
+        if op == "splat":
+            return self.lanewise(e.args[0])
+        if op in ("valid", "isvalid"):  # lane l of texel j holds channel 4 j + l
+            held = f"({self.lanewise(e.args[0])} * 4 + l < {self.lanewise(e.args[1])})"
+            return held if op == "isvalid" else f"({held} ? 1 : 0)"
+        return self._op(e, [self.lanewise(x) for x in e.args])
+
+
+def js(k, inputs: list[str], outputs: int) -> str:
+    """`inputs`: the texture names in the order the pass binds them (the GLSL kernel's samplers)."""
+    p = _JS()
+    lines: list[str] = []
+
+    def statement(pad: str, text_of) -> None:
+        p.pre = []
+        text = text_of()
+        lines.extend(pad + t for t in p.pre)
+        lines.append(pad + text)
+
+    def block(body, indent):
+        pad = "  " * indent
+        for s in body:
+            kind = s[0]
+            if kind == "for":
+                statement(pad, lambda: f"for (let {s[1]} = {p.scalar(s[2])}; {s[1]} < {p.scalar(s[3])}; {s[1]}++) {{")
+            elif kind == "if":
+                statement(pad, lambda: f"if ({p.scalar(s[1])}) {{")
+            elif s[2].type in _VEC:
+                if kind == "let":
+                    p.arrays.append(s[1])
+                target = f"out{s[1]}.data[o + l]" if kind == "out" else f"{s[1]}[l]"
+                statement(pad, lambda: f"for (let l = 0; l < 4; l++) {target} = {p.lanewise(s[2])};")
+            else:
+                statement(pad, lambda: f"{'let ' if kind == 'let' else ''}{s[1]} = {p.scalar(s[2])};")
+            if kind in ("for", "if"):
+                block(s[4] if kind == "for" else s[2], indent + 1)
+                lines.append(pad + "}")
+
+    block(k.body, 3)
+    outs = ", ".join(f"out{i}" for i in range(outputs))
+    head = [f"(c, [{', '.join(inputs)}], [{outs}], u, rows) => {{",
+            *(f"  const {a} = new Float64Array(4);" for a in p.arrays),
+            "  for (let row = 0; row < rows; row++) {",
+            "    for (let col = 0; col < out0.width; col++) {",
+            "      const o = (row * out0.width + col) * 4;"]
+    return "\n".join(head + lines + ["    }", "  }", "}"])

@@ -1,0 +1,106 @@
+"""The kernel language (codegen/kl.py) and its printers (codegen/kl_print.py).
+
+The GLSL a kernel prints runs in every browser test of the ops written in it (softmax, log_softmax: test_sequence,
+test_elementwise, test_vit on WebGL2 and rgba8); the JavaScript on the CPU backend there too. Here, without a
+browser: the type rules, and the printed JavaScript run by node over random textures against numpy, on shapes
+whose channel count leaves padding lanes.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from codegen import kl
+from codegen.kl import COL, ROW, load, select
+from codegen.kl_print import glsl, js
+from codegen.ops.softmax import _forward_kl, _grad_kl
+
+
+def test_type_rules():
+    with pytest.raises(TypeError, match="integer division"):
+        ROW / 2
+    with pytest.raises(TypeError, match="int and float|float and int"):
+        ROW + 1.5
+    with pytest.raises(TypeError, match="integers only"):
+        load("X", ROW, COL) // 2
+    k = kl.KernelDef()
+    with pytest.raises(TypeError, match="one vec4"):
+        k.out(1.0)
+    k.let("a", 1)
+    with pytest.raises(ValueError, match="taken"):
+        k.let("a", 2)
+    with pytest.raises(TypeError, match="cannot set"):
+        k.set(kl.var("a", "int"), 1.0)
+
+
+def _run_js(k, inputs: dict[str, np.ndarray], out_width: int, rows: int) -> np.ndarray:
+    """Runs the printed function in node: textures are [rows, width, 4] float32 arrays."""
+    fn = js(k, list(inputs), 1)
+    tex = {n: {"width": a.shape[1], "data": a.reshape(-1).tolist()} for n, a in inputs.items()}
+    script = f"""
+const fn = {fn};
+const t = {json.dumps(tex)};
+const ins = {json.dumps(list(inputs))}.map((n) => ({{ width: t[n].width, data: Float32Array.from(t[n].data) }}));
+const out = {{ width: {out_width}, data: new Float32Array({rows * out_width * 4}) }};
+fn({json.dumps(k.symbols)}, ins, [out], {{}}, {rows});
+console.log(JSON.stringify(Array.from(out.data)));
+"""
+    got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
+    return np.array(json.loads(got), dtype=np.float64).reshape(rows, out_width, 4)
+
+
+def _packed(rows: int, positions: int, c: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(texture [rows, positions * c4, 4] with zero padding lanes, the logical values [rows, positions, c])."""
+    c4 = -(-c // 4)
+    x = rng.standard_normal((rows, positions, c)) * 3
+    t = np.zeros((rows, positions, c4 * 4))
+    t[:, :, :c] = x
+    return t.reshape(rows, positions * c4, 4).astype(np.float32), x
+
+
+@pytest.mark.parametrize("c", [1, 4, 6, 9])
+@pytest.mark.parametrize("is_log", [False, True])
+def test_softmax_printed_as_javascript(c, is_log):
+    rng = np.random.default_rng(c)
+    rows, positions, c4 = 3, 2, -(-c // 4)
+    tex, x = _packed(rows, positions, c, rng)
+    got = _run_js(_forward_kl(c, is_log), {"X": tex}, positions * c4, rows).reshape(rows, positions, c4 * 4)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True)
+    ref = np.log(ref) if is_log else ref
+    np.testing.assert_allclose(got[:, :, :c], ref, rtol=1e-5, atol=1e-6)
+    assert not got[:, :, c:].any(), "padding lanes stay zero"
+    dy_tex, dy = _packed(rows, positions, c, rng)
+    y_tex = np.zeros_like(dy_tex).reshape(rows, positions, c4 * 4)
+    y_tex[:, :, :c] = ref
+    got = _run_js(_grad_kl(c, is_log), {"DY": dy_tex, "Y": y_tex.reshape(dy_tex.shape).astype(np.float32)},
+                  positions * c4, rows).reshape(rows, positions, c4 * 4)
+    if is_log:
+        ref_dx = dy - np.exp(ref) * dy.sum(-1, keepdims=True)
+    else:
+        ref_dx = ref * (dy - (dy * ref).sum(-1, keepdims=True))
+    np.testing.assert_allclose(got[:, :, :c], ref_dx, rtol=1e-4, atol=1e-5)
+    assert not got[:, :, c:].any()
+
+
+def test_integer_arithmetic_and_cross_lane_ops():
+    """GLSL's int division truncates and % of non-negatives; lane(), dot(), hmax() and a vec4 set that reads the
+    old lanes of the value it replaces."""
+    k = kl.KernelDef()
+    q = k.let("q", COL // 3)
+    r = k.let("r", COL % 3)
+    v = k.let("v", load("X", ROW, COL))
+    k.set(v, v - kl.lane(v, 0) + kl.hmax(v) * 0.0)
+    k.out(select(q > r, v, kl.splat(kl.dot(v, v))) + kl.splat(1.0) * 0.0)
+    tex = np.arange(2 * 7 * 4, dtype=np.float32).reshape(2, 7, 4)
+    got = _run_js(k, {"X": tex}, 7, 2)
+    for row in range(2):
+        for col in range(7):
+            v = tex[row, col] - tex[row, col, 0]
+            ref = v if col // 3 > col % 3 else np.full(4, v @ v)
+            np.testing.assert_allclose(got[row, col], ref)
+    src = glsl(k)
+    assert "int q = (_p.x / 3);" in src and "((q > r) ? v : vec4(dot(v, v)))" in src and "_hmax(v)" in src
