@@ -1,4 +1,4 @@
-"""The command line: `texelfit build`, `train`, `prune-sweep`, `import-weights` and `demo`.
+"""The command line: `texelfit build`, `train`, `prune-sweep`, `import-weights`, `federate` and `demo`.
 
 Every error exits non-zero with a one-line reason.
 """
@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+from texelfit.federate_args import add_federate_parser
 from texelfit.prep.errors import BuildError
 from texelfit.prep.load import INPUT_DTYPES
 
@@ -224,6 +225,8 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--partial", action="store_true",
                    help="FILE may hold only some tensors (e.g. the photo demo's trained head); the others come from SOURCE")
 
+    add_federate_parser(sub, _count, _positive_float)
+
     d = sub.add_parser("demo", help="build the demo page and serve it on 127.0.0.1: EfficientNet-Lite0 that you teach "
                                     "your own pictures (default), or --example digits")
     d.add_argument("--example", choices=["photos", "digits"], default="photos",
@@ -376,6 +379,13 @@ def main(argv=None) -> int:
             from texelfit.demo import run_demo
 
             run_demo(args.out, port=args.port, serve_page=not args.no_serve, example=args.example)
+        elif args.command == "federate":
+            from texelfit.federate_run import check_host, run
+
+            if (args.dp_clip is None) != (args.dp_noise is None):
+                raise BuildError("differential privacy needs both --dp-clip and --dp-noise")
+            check_host(args.host)
+            run(args)
         elif args.command == "import-weights":
             from texelfit.importer import import_weights
 

@@ -1,6 +1,6 @@
 // A web developer's use of a generated bundle, type-checked against its NAME.d.ts by `npm run typecheck`.
 // tests/test_typecheck.py builds the bundle into dist/typecheck/ first.
-import { createModel, modelInfo, TexelfitError, type Model, type StepInfo, type TokenizedText, type Weights } from "../../dist/typecheck/model.js";
+import { createModel, modelInfo, TexelfitError, type Model, type RoundInfo, type StepInfo, type TokenizedText, type Weights } from "../../dist/typecheck/model.js";
 
 async function main(canvas: HTMLCanvasElement): Promise<number> {
   const m: Model = await createModel({ canvas, maxTextureSize: 4096, precision: "float32", backend: "webgl2" });
@@ -40,6 +40,8 @@ async function main(canvas: HTMLCanvasElement): Promise<number> {
   const text: TokenizedText = await m.fromText(["Hello, world!", "a second text"]);
   const ids: Int32Array = text.input_ids, mask: Int32Array = text.attention_mask;
   console.log(pixels.length, probs.length, norm, ids.length, mask.length);
+  // federated learning with `texelfit federate` (its bridge serves this page)
+  await m.federate(location.origin, { x, y, onRound: (r: RoundInfo) => console.log(r.round, r.loss.toFixed(3), r.sent) });
   // the page forwards its visibility to a model in a worker the same way: pause() / resume()
   document.addEventListener("visibilitychange", () => (document.hidden ? m.pause() : m.resume()));
   try {
