@@ -122,8 +122,12 @@ def load(tensor: str, row, col) -> X:
     return X("load", (lift(row), lift(col)), tensor, "vec4")
 
 
-def lane(v: X, i: int) -> X:
-    return X("lane", (v,), int(i), "float")
+def lane(v: X, i) -> X:
+    """Lane i (an int, or an int expression: GLSL indexes a vec4 dynamically) of v."""
+    i = lift(i)
+    if v.type != "vec4" or i.type != "int":
+        raise TypeError(f"kl: lane {i.type} of a {v.type}")
+    return X("lane", (v, i), type="float")
 
 
 def splat(f) -> X:
@@ -192,7 +196,7 @@ def var(name: str, type_: str) -> X:
 
 class KernelDef:
     """A kernel's statements: ("let", name, expr), ("set", name, expr), ("for", name, start, stop, body),
-    ("if", cond, body), ("out", i, expr). `inputs`: the textures it loads, in the order they are bound; `outputs`: how many it writes."""
+    ("if", cond, body), ("setlane", name, i, expr), ("out", i, expr). `inputs`: the textures it loads, in the order they are bound; `outputs`: how many it writes."""
 
     def __init__(self):
         self._blocks: list[list] = [[]]
@@ -251,6 +255,13 @@ class KernelDef:
         body = self._blocks.pop()
         self._blocks[-1].append(("if", cond, body))
 
+    def set_lane(self, v: X, i, e) -> None:
+        """Lane i (an int expression) of vec4 variable v becomes the float e."""
+        i, e = lift(i), lift(e)
+        if v.op != "var" or v.type != "vec4" or i.type != "int" or e.type != "float":
+            raise TypeError(f"kl: cannot set lane {i.type} of {v} to a {e.type}")
+        self._blocks[-1].append(("setlane", v.value, i, e))
+
     def out(self, e, i: int = 0) -> None:
         e = lift(e)
         if e.type != "vec4" or i in self.written:
@@ -274,6 +285,8 @@ class KernelDef:
                     walk(s[2]), walk(s[3]), stmts(s[4])
                 elif s[0] == "if":
                     walk(s[1]), stmts(s[2])
+                elif s[0] == "setlane":
+                    walk(s[2]), walk(s[3])
                 else:
                     walk(s[2])
         stmts(self.body)

@@ -57,7 +57,7 @@ def _glsl(e: X) -> str:
     if op == "load":
         return f"get{e.value}({a[0]}, {a[1]})"
     if op == "lane":
-        return f"{a[0]}[{e.value}]"
+        return f"{a[0]}[{a[1]}]"
     if op == "splat":
         return f"vec4({a[0]})"
     if op == "float_of":
@@ -130,6 +130,10 @@ def glsl(k) -> str:
                 block(s[2], indent + 1)
                 lines.append(pad + "}")
                 continue
+            if kind == "setlane":
+                need(s[2]), need(s[3])
+                lines.append(f"{pad}{s[1]}[{_glsl(s[2])}] = {_glsl(s[3])};")
+                continue
             need(s[2])
             if kind == "let":
                 lines.append(f"{pad}{_GLSL_TYPE[s[2].type]} {s[1]} = {_glsl(s[2])};")
@@ -185,7 +189,12 @@ class _JS:
         if op in ("row", "col"):
             return op
         if op == "lane":
-            return f"{self.vec(e.args[0])}[{e.value}]"
+            v, i = e.args
+            if v.op == "load":  # read where it is
+                t = self.fresh("t")
+                self.pre.append(f"const {t} = ({self.scalar(v.args[0])} * {v.value}.width + {self.scalar(v.args[1])}) * 4;")
+                return f"{v.value}.data[{t} + {self.scalar(i)}]"
+            return f"{self.vec(v)}[{self.scalar(i)}]"
         if op == "dot":
             a, b = self.vec(e.args[0]), self.vec(e.args[1])
             return "(" + " + ".join(f"{a}[{j}] * {b}[{j}]" for j in range(4)) + ")"
@@ -266,6 +275,8 @@ def js(k, inputs: list[str], outputs: int) -> str:
                 statement(pad, lambda: f"for (let {s[1]} = {p.scalar(s[2])}; {s[1]} < {p.scalar(s[3])}; {s[1]}++) {{")
             elif kind == "if":
                 statement(pad, lambda: f"if ({p.scalar(s[1])}) {{")
+            elif kind == "setlane":
+                statement(pad, lambda: f"{s[1]}[{p.scalar(s[2])}] = {p.scalar(s[3])};")
             elif s[2].type in _VEC:
                 if kind == "let":
                     p.arrays.append(s[1])

@@ -9,7 +9,8 @@ Index arithmetic over the layout, computed here: an output element e (row-major 
 shape, which is the input's with the reduced axes 1) sits at base(e) = sum over the kept axes of
 ((e / kstride) % dim) * instride in the input, and reduced element r (row-major over the reduced
 axes) at base(e) + sum over the reduced axes of ((r / rstride) % dim) * instride. A flat input index
-is a position of the channel-packed layout through chw (prep/layout.py).
+is a position of the channel-packed layout through chw (prep/layout.py). Written in the kernel language
+(codegen/kl.py): each lane of an output texel is a channel of its own, computed by a loop over the lanes.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import numpy as np
 
 from texelfit.prep.layout import ceil_div, chw, storage_strides
 
+from .. import kl
 from ..kernels import Kernel, Pass, glsl_float
+from ..kl import COL, ROW, lane, load, maximum, select, splat, to_float
 from .common import grad_target
 
 
@@ -51,6 +54,77 @@ def _consts(layer, graph):
                 ic=ic, ih=ih, iw=iw, ic4=ceil_div(ic, 4), oc=oc, oh=oh, ow=ow, oc4=ceil_div(oc, 4))
 
 
+_LOWEST = -3.4028234663852886e38
+
+
+def _unravel(flat, terms) -> kl.X:
+    """sum over terms (stride, dim, step) of ((flat / stride) % dim) * step: one index, re-strided."""
+    out = kl.lift(0)
+    for stride, dim, step in terms:
+        out = out + (flat // stride) % dim * step
+    return out
+
+
+def _forward_kl(c: dict) -> kl.KernelDef:
+    k = kl.KernelDef()
+    n = k.let("n", ROW // c["oh"])
+    oh = k.let("oh", ROW - n * c["oh"])
+    ow = k.let("ow", COL // c["oc4"])
+    oc4 = k.let("oc4", COL - ow * c["oc4"])
+    v, t = k.let("v", splat(0.0)), k.let("t", splat(0.0))
+    with k.loop("j", 4) as j:
+        oc = k.let("oc", oc4 * 4 + j)
+        with k.when(oc < c["oc"]):
+            e = k.let("e", (oc * c["oh"] + oh) * c["ow"] + ow)
+            base = k.let("base", _unravel(e, [(a["stride"], a["dim"], a["instride"]) for a in c["kept"]]))
+            acc = k.let("acc", _LOWEST if c["kind"] == "max" else 0.0)
+            ties = k.let("ties", 0.0)
+            with k.loop("r", c["count"]) as r:
+                ei = k.let("ei", base + _unravel(r, [(a["stride"], a["dim"], a["instride"]) for a in c["reduced"]]))
+                ch = k.let("ch", ei // (c["ih"] * c["iw"]))
+                x = k.let("x", lane(load("X", n * c["ih"] + (ei // c["iw"]) % c["ih"], ei % c["iw"] * c["ic4"] + ch // 4),
+                                    ch % 4))
+                if c["kind"] == "max":
+                    k.set(ties, select(x > acc, 1.0, select(x.eq(acc), ties + 1.0, ties)))
+                    k.set(acc, maximum(acc, x))
+                else:
+                    k.set(acc, acc + x)
+            k.set_lane(v, j, acc / float(c["count"]) if c["kind"] == "mean" else acc)
+            k.set_lane(t, j, ties)
+    k.out(v, 0)
+    if c["kind"] == "max":
+        k.out(t, 1)
+    return k
+
+
+def _grad_kl(c: dict) -> kl.KernelDef:
+    """mean: dY / count; sum: dY; max: dY / T where X is the max (shared among ties, as torch.amax)."""
+    k = kl.KernelDef()
+    n = k.let("n", ROW // c["ih"])
+    ih = k.let("ih", ROW - n * c["ih"])
+    iw = k.let("iw", COL // c["ic4"])
+    ic4 = k.let("ic4", COL - iw * c["ic4"])
+    v = k.let("v", splat(0.0))
+    if c["kind"] == "max":
+        x = k.let("x", load("X", ROW, COL))
+    with k.loop("j", 4) as j:
+        ch = k.let("ch", ic4 * 4 + j)
+        with k.when(ch < c["ic"]):
+            ei = k.let("ei", (ch * c["ih"] + ih) * c["iw"] + iw)
+            e = k.let("e", _unravel(ei, [(a["instride"], a["dim"], a["stride"]) for a in c["kept"]]))
+            oc = k.let("oc", e // (c["oh"] * c["ow"]))
+            row = k.let("yr", n * c["oh"] + (e // c["ow"]) % c["oh"])
+            col = k.let("yc", e % c["ow"] * c["oc4"] + oc // 4)
+            dy = k.let("dy", lane(load("DY", row, col), oc % 4))
+            if c["kind"] == "max":
+                g = select(lane(x, j).eq(lane(load("Y", row, col), oc % 4)), dy / lane(load("T", row, col), oc % 4), 0.0)
+            else:
+                g = dy / float(c["count"]) if c["kind"] == "mean" else dy
+            k.set_lane(v, j, g)
+    k.out(v)
+    return k
+
+
 def ties_texture(layer) -> str:
     return "ties:" + layer.outputs[0]
 
@@ -62,7 +136,7 @@ def _title(layer, c, what):
 def forward(layer, graph, plan):
     c = _consts(layer, graph)
     outs = [plan.tensor(layer.outputs[0])] + ([ties_texture(layer)] if c["kind"] == "max" else [])
-    k = Kernel(_title(layer, c, "reduce_forward"), "reduce_forward.glsl.j2", ("X",), outputs=len(outs), consts=c)
+    k = Kernel(_title(layer, c, "reduce_forward"), "kl", ("X",), outputs=len(outs), kl=_forward_kl(c))
     return [Pass(k, [plan.tensor(layer.inputs[0])], outs, "batch", layer.name)]
 
 
@@ -76,5 +150,5 @@ def backward(layer, graph, plan):
     if c["kind"] == "max":
         names += ("X", "Y", "T")
         textures += [plan.tensor(layer.inputs[0]), plan.tensor(y), ties_texture(layer)]
-    k = Kernel(_title(layer, c, "reduce_grad"), "reduce_grad.glsl.j2", names, consts=c)
+    k = Kernel(_title(layer, c, "reduce_grad"), "kl", names, kl=_grad_kl(c))
     return [Pass(k, textures, [target], "batch", layer.name)]
