@@ -15,10 +15,22 @@ from .kernels import glsl_float
 from .kl import X
 
 _GLSL_TYPE = {"int": "int", "float": "float", "vec4": "vec4", "bool": "bool", "bvec4": "bvec4"}
-_GLSL_CMP = {"lt": ("<", "lessThan"), "gt": (">", "greaterThan"), "le": ("<=", "lessThanEqual"),
-             "ge": (">=", "greaterThanEqual"), "eq": ("==", "equal"), "ne": ("!=", "notEqual")}
+_GLSL_VECTOR_CMP = {"lt": "lessThan", "gt": "greaterThan", "le": "lessThanEqual", "ge": "greaterThanEqual",
+                    "eq": "equal", "ne": "notEqual"}
 _LOGIC = {"and": "&&", "or": "||"}
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%"}
+
+
+def _infix(op: str, a: list[str]) -> str:
+    """The operators both languages write alike: arithmetic (GLSL's int / truncates; JavaScript's is a special
+    case of its printer), negation, && and ||, and the scalar comparisons."""
+    if op == "neg":
+        return f"(-{a[0]})"
+    sym = _ARITH.get(op) or _LOGIC.get(op) or _SCALAR_CMP[op]
+    return f"({a[0]} {sym} {a[1]})"
+
+
+_SCALAR_CMP = {"lt": "<", "gt": ">", "le": "<=", "ge": ">=", "eq": "==", "ne": "!="}
 
 
 _FOLD = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
@@ -62,23 +74,18 @@ def _glsl(e: X) -> str:
         return f"vec4({a[0]})"
     if op == "float_of":
         return f"float({a[0]})"
-    if op in _LOGIC:
-        return f"({a[0]} {_LOGIC[op]} {a[1]})"
-    if op in _ARITH:
-        return f"({a[0]} {_ARITH[op]} {a[1]})"
-    if op == "neg":
-        return f"(-{a[0]})"
+    if op in _LOGIC or op in _ARITH or op == "neg":
+        return _infix(op, a)
     if op in ("exp", "log", "sqrt", "abs", "max", "min", "dot"):
         return f"{op}({', '.join(a)})"
     if op == "hmax":
         return f"_hmax({a[0]})"
     if op == "hsum":
         return f"dot({a[0]}, vec4(1.0))"
-    if op in _GLSL_CMP:
-        scalar, vector = _GLSL_CMP[op]
+    if op in _GLSL_VECTOR_CMP:
         if e.type == "bvec4":
-            return f"{vector}({_vec(e.args[0], a[0])}, {_vec(e.args[1], a[1])})"
-        return f"({a[0]} {scalar} {a[1]})"
+            return f"{_GLSL_VECTOR_CMP[op]}({_vec(e.args[0], a[0])}, {_vec(e.args[1], a[1])})"
+        return _infix(op, a)
     if op == "select":  # mix(b, a, bvec4) takes a where the condition holds, exactly
         if e.args[0].type == "bvec4":
             return f"mix({_vec(e.args[2], a[2])}, {_vec(e.args[1], a[1])}, {a[0]})"
@@ -212,14 +219,12 @@ class _JS:
         op = e.op
         if op == "idiv":
             return f"(({a[0]} / {a[1]}) | 0)"
-        if op in _ARITH:
-            return f"({a[0]} {_ARITH[op]} {a[1]})"
-        if op == "neg":
-            return f"(-{a[0]})"
         if op in _JS_FN:
             return f"{_JS_FN[op]}({', '.join(a)})"
-        if op in _JS_CMP:
-            return f"({a[0]} {_JS_CMP[op]} {a[1]})"
+        if op in ("eq", "ne"):  # strict: both sides are numbers
+            return f"({a[0]} {'===' if op == 'eq' else '!=='} {a[1]})"
+        if op in _ARITH or op in _JS_CMP or op == "neg":
+            return _infix(op, a)
         if op == "select":
             return f"({a[0]} ? {a[1]} : {a[2]})"
         raise AssertionError(f"kl js: {op}")

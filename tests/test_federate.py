@@ -141,6 +141,17 @@ def finish(pages, fed, timeout=150):
     return [p.evaluate("() => window.result") if not p.is_closed() else None for p in pages.pages]
 
 
+def run_from_pages(pages, fed, joined=2):
+    """Once `joined` federation.html pages have joined, start the federation and wait until every page says it
+    is over."""
+    while fed.joined < joined:
+        time.sleep(0.05)
+    fed.start()
+    for page in pages.pages:
+        page.wait_for_function("() => document.getElementById('status').textContent"
+                               ".startsWith('The federation is over')", timeout=120_000)
+
+
 def check_rounds(fed, expected, what):
     assert [e["round"] for e in fed.history] == list(range(len(expected) + 1))
     for r, ref in enumerate(expected, 1):
@@ -536,12 +547,7 @@ def test_federation_page(browser, tmp_path):
             page.wait_for_function("() => document.getElementById('status').textContent.startsWith('Choose')")
             page.set_input_files("input[type=file]", str(path))
             page.click("#join")
-        while fed.joined < 2:
-            time.sleep(0.05)
-        fed.start()
-        for page in pages.pages:
-            page.wait_for_function("() => document.getElementById('status').textContent"
-                                   ".startsWith('The federation is over')", timeout=120_000)
+        run_from_pages(pages, fed)
         # its status line polls the bridge every second: it comes to show the last round and the global accuracy
         pages.pages[0].wait_for_function("() => document.getElementById('round').textContent === '2'", timeout=10_000)
         text = {k: pages.pages[0].text_content(f"#{k}") for k in ("round", "rounds", "loss", "accuracy")}
@@ -661,12 +667,7 @@ def test_federation_page_with_photos(browser, tmp_path):
             for c, files in mine.items():
                 inputs[c].set_input_files([str(p) for p, _ in files])
             page.click("#join")
-        while fed.joined < 2:
-            time.sleep(0.05)
-        fed.start()
-        for page in pages.pages:
-            page.wait_for_function("() => document.getElementById('status').textContent"
-                                   ".startsWith('The federation is over')", timeout=120_000)
+        run_from_pages(pages, fed)
     finally:
         pages.close()
         bridge.close()
