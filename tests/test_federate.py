@@ -350,13 +350,16 @@ def test_dp_clips_and_noises_as_flower_defines(tmp_path):
     clip, noise, seed = 0.5, 0.8, 1234
     fed, bridge, _ = federation(tmp_path, rounds=1, dp_clip=clip, dp_noise=noise, seed=seed)
     url = bridge.url
-    deltas = [np.random.default_rng(3).standard_normal(330).astype(np.float32),  # norm ~18: clipped to 0.5
+    raw = np.random.default_rng(3).standard_normal(330).astype(np.float32)  # norm ~18: the page clips it to 0.5
+    deltas = [raw * np.float32(clip / np.sqrt(np.sum(raw.astype(np.float64) ** 2))),
               np.random.default_rng(4).standard_normal(330).astype(np.float32) * 0.01]  # norm ~0.18: kept
     try:
         tokens = [post(url, "join")[1]["token"] for _ in deltas]
         fed.start()
         tasks = [task(url, t) for t in tokens]
-        assert tasks[0]["config"]["epochs"] == 1
+        assert tasks[0]["config"]["epochs"] == 1 and tasks[0]["config"]["clip"] == clip  # the page clips to it
+        status, body = post(url, "update", tokens[0], *update(tasks[0], raw, 100))
+        assert status == 422 and "exceeds --dp-clip" in body["error"], body  # not clipped: refused, never seen
         for t, tk, d, n in zip(tokens, tasks, deltas, (100, 300)):
             assert post(url, "update", t, *update(tk, d, n))[0] == 200
         fed.wait(60)
@@ -380,6 +383,36 @@ def test_dp_clips_and_noises_as_flower_defines(tmp_path):
         assert_close(f"DP global {name}", fed.global_weights[name], e, atol=1e-6, rtol=1e-5)
     plain = [a for a in avg]  # and the noise is there: the global is not the clipped average
     assert np.abs(fed.global_weights["2.weight"] - plain[0]).max() > std
+
+
+def test_pages_clip_their_updates_before_sending_them(browser, tmp_path):
+    """--dp-clip: each page clips its delta to the norm before it leaves; the global model is the start plus the
+    sample-weighted mean of the clipped deltas (noise 0 here), each delta as PyTorch computes it."""
+    clients, _ = digits()
+    clients, clip = clients[:2], 0.05
+    module = make_bundle(tmp_path)
+    settings = Settings(rounds=1, min_clients=2, lr=LR, batch_size=BATCH, round_timeout=120, heartbeat=2.0,
+                        dp_clip=clip, dp_noise=0.0)
+    fed = Federation(Bundle.load(str(tmp_path)), settings, log=lambda _: None)
+    bridge = Bridge(fed).start()
+    pages = Pages(browser, bridge.url)
+    try:
+        join_all(pages, fed, clients)
+        fed.start()
+        assert finish(pages, fed) == ["done"] * 2
+    finally:
+        pages.close()
+        bridge.close()
+    assert not pages.errors, pages.errors
+    start = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    fits = [simulate(start, [c], [[0]])[0] for c in clients]
+    deltas = [{k: f[k].astype(np.float64) - start[k].double().numpy() for k in f} for f in fits]
+    norms = [np.sqrt(sum(float(np.sum(v ** 2)) for v in d.values())) for d in deltas]
+    assert min(norms) > 2 * clip  # both were clipped
+    counts = [len(y) for _, y in clients]
+    for k in start:
+        mean = sum(d[k] * (clip / n) * c for d, n, c in zip(deltas, norms, counts)) / sum(counts)
+        assert_close(f"global {k}", fed.global_weights[k], start[k].double().numpy() + mean, **PARITY)
 
 
 RECORD_FIRST_FIT = """() => { const fit = window.m.fit.bind(window.m);

@@ -323,7 +323,9 @@ class Federation:
         weights = dict(zip(arrays.keys(), arrays.to_numpy_ndarrays()))
         return {"round": s.round, "config": {"epochs": config["local-epochs"], "batchSize": config["batch-size"],
                                              "optimizer": config["optimizer"], "lr": config["lr"],
-                                             "shuffle": config["shuffle"], "quantize": config["quantize"]},
+                                             "shuffle": config["shuffle"], "quantize": config["quantize"],
+                                             # --dp-clip: the page clips its delta to this L2 norm before it sends it
+                                             "clip": self.settings.dp_clip},
                 **self._weights(weights)}
 
     def _weights(self, weights) -> dict:
@@ -365,6 +367,13 @@ class Federation:
         bound = self.settings.max_update_norm
         if bound is not None and norm > bound * (1 + NORM_SLACK):
             raise Refused(422, f"the update's L2 norm {norm:.4g} exceeds --max-update-norm {bound:g}")
+        clip = self.settings.dp_clip
+        if clip is not None:  # clipped in the page (what arrives here is clipped), up to int8's rounding
+            slack = 0.5 * float(np.sqrt(sum(d.size * (np.abs(d).max(initial=0.0) / 127) ** 2 for d in delta))) \
+                if meta.get("format") == "int8" else 0.0
+            if norm > clip * (1 + NORM_SLACK) + slack:
+                raise Refused(422, f"the update's L2 norm {norm:.4g} exceeds --dp-clip {clip:g}: the page must clip "
+                                   "its update before it sends it")
         if rnd <= self.round:  # the round closed before this update (its timeout, or Flower dropped the node)
             return self._late(s, rnd)
         arrays = task.content[ARRAYS]
@@ -376,7 +385,8 @@ class Federation:
         def client_app(msg, _context):
             return Message(RecordDict({ARRAYS: new, METRICS: MetricRecord(metrics)}), reply_to=msg)
 
-        if self.settings.dp_clip is not None:  # Flower's client-side clipping, as its ClientApp mod does it
+        if self.settings.dp_clip is not None:  # Flower's client-side clipping mod, as a ClientApp runs it: the page
+            # clipped already (checked above), so it changes nothing but float rounding
             from flwr.clientapp.mod import fixedclipping_mod
 
             reply = fixedclipping_mod(task, None, client_app)
