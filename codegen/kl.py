@@ -268,26 +268,3 @@ class KernelDef:
             raise TypeError(f"kl: out{i} takes one vec4, got a {e.type}")
         self.written.add(i)
         self._blocks[-1].append(("out", i, e))
-
-    def loads(self) -> list[str]:
-        """The textures the kernel reads, in first-read order."""
-        seen: list[str] = []
-
-        def walk(e: X):
-            if e.op == "load" and e.value not in seen:
-                seen.append(e.value)
-            for a in e.args:
-                walk(a)
-
-        def stmts(body):
-            for s in body:
-                if s[0] == "for":
-                    walk(s[2]), walk(s[3]), stmts(s[4])
-                elif s[0] == "if":
-                    walk(s[1]), stmts(s[2])
-                elif s[0] == "setlane":
-                    walk(s[2]), walk(s[3])
-                else:
-                    walk(s[2])
-        stmts(self.body)
-        return seen

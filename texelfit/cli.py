@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from texelfit.federate_args import add_federate_parser
+from texelfit.federate_args import add_federate_parser, float_in
 from texelfit.prep.errors import BuildError
 from texelfit.prep.load import INPUT_DTYPES
 
@@ -79,14 +79,7 @@ def _ratios(text: str) -> list[float]:
     return out
 
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return v
+_positive_float = float_in(lambda v: 0 < v < float("inf"), "a positive number")
 
 
 def _count(minimum: int):

@@ -43,21 +43,19 @@ def add_federate_parser(sub, _count, _positive_float) -> None:
     f.add_argument("--seed", type=int, help="seeds Flower's sampling of clients and its DP noise")
 
 
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}")
-    return v
+def float_in(ok, what: str):
+    """An argparse type: a float for which ok(v) holds, else "must be {what}, got '...'" (NaN for text that is
+    not a number, which no range holds)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = float("nan")
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return v
+    return parse
 
 
-def _non_negative(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return v
+_fraction = float_in(lambda v: 0 < v <= 1, "a number in (0, 1]")
+_non_negative = float_in(lambda v: 0 <= v < float("inf"), "a number >= 0")
