@@ -28,6 +28,7 @@ UNIFORM_TYPES = {
     "u_lr": "float",
     "u_momentum": "float", "u_dampening": "float", "u_nesterov": "float", "u_first": "float",
     "u_wd": "float", "u_decoupled": "float",
+    "u_mu": "float",           # fit's proximal term (FedProx's mu; ops/optim.py), 0 without one
     "u_beta1": "float", "u_beta2": "float", "u_eps": "float", "u_step_size": "float", "u_bc2_sqrt": "float",
     "u_dropout": "float",      # 1 in a training step of fit (with dropout on), else 0: dropout applies its mask
     "u_dropseed": "int",       # the step's dropout seed (prep/dropout.py)

@@ -129,8 +129,11 @@ def torch_optimizer(cfg, params):
     return torch.optim.AdamW(params, weight_decay=cfg.get("weightDecay", 1e-2), **kw)
 
 
-def torch_fit(module, x, y, loss, cfg, batch_size, epochs):
+def torch_fit(module, x, y, loss, cfg, batch_size, epochs, mu=0.0):
+    """`mu`: FedProx's proximal term, mu / 2 * ||w - w_start||^2 over the parameters that train, in the loss
+    that is minimised (the losses returned are the data loss alone, as fit reports)."""
     opt = torch_optimizer(cfg, module.parameters())
+    start = [(p, p.detach().clone()) for p in module.parameters() if p.requires_grad]
     losses = []
     for _ in range(epochs):
         for s in range(0, len(x), batch_size):
@@ -138,7 +141,8 @@ def torch_fit(module, x, y, loss, cfg, batch_size, epochs):
             opt.zero_grad()
             out = module(xb)
             value = F.cross_entropy(out, yb) if loss == "cross_entropy" else F.mse_loss(out, yb)
-            value.backward()
+            total = value + mu / 2 * sum(((p - p0) ** 2).sum() for p, p0 in start) if mu else value
+            total.backward()
             opt.step()
             losses.append(value.item())
     return losses
@@ -149,13 +153,14 @@ FIT = """
     const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);
     let calls = 0;
     const r = await m.fit(x, y, { batchSize: args.batchSize, epochs: args.epochs, shuffle: args.shuffle === true, seed: 5,
-                                  loss: args.loss, optimizer: args.optimizer, onStep: () => { calls++; } });
+                                  loss: args.loss, optimizer: args.optimizer, onStep: () => { calls++; },
+                                  proximal: args.mu ? { mu: args.mu } : undefined });
     return { loss: r.loss, weights: arr(await m.getWeights()), calls, info: m.info, folded: m.info.foldedTextures };
 """
 
 
 def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_size, epochs, tol_w, tol_loss,
-                   options=None, max_batch=64, seed=7, shuffle=False, ids=None, frozen=(), noise=None):
+                   options=None, max_batch=64, seed=7, shuffle=False, ids=None, frozen=(), noise=None, mu=0.0):
     """Train in the page and in PyTorch from the same weights on the same batches; compare the loss
     of every step and every weight at the end. Returns what the page returned. (With `shuffle` the
     page draws its own order and PyTorch's batches are unshuffled: only the same where each batch is
@@ -164,7 +169,8 @@ def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_
     requires_grad False in PyTorch). `noise`: {parameter: slice of its flat values} whose gradient is exactly zero
     in exact arithmetic (an attention key's bias: the softmax cancels it), so that both sides train rounding
     noise there, which Adam scales up to steps of about lr: those values are checked to have moved by at most
-    lr a step from where they started, on both sides, the others as every weight is."""
+    lr a step from where they started, on both sides, the others as every weight is. `mu`: fit's proximal term
+    (fit options.proximal), in PyTorch's loss as FedProx defines it."""
     import fnmatch
 
     torch.manual_seed(seed)
@@ -188,10 +194,11 @@ def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_
         y_js = y.reshape(-1).tolist()
     cfg = OPTIMIZERS[opt_name]
     got = run_model(web, url, FIT, {"x": x.reshape(-1).tolist(), "y": y_js, "loss": loss, "optimizer": cfg,
-                                    "batchSize": batch_size, "epochs": epochs, "shuffle": shuffle, "ids": bool(ids)},
+                                    "batchSize": batch_size, "epochs": epochs, "shuffle": shuffle, "ids": bool(ids),
+                                    "mu": mu},
                     options)
     start = torch_state(module)
-    ref_losses = torch_fit(module, x, y, loss, cfg, batch_size, epochs)
+    ref_losses = torch_fit(module, x, y, loss, cfg, batch_size, epochs, mu)
     steps = epochs * -(-samples // batch_size)
     assert len(got["loss"]) == steps and got["calls"] == steps
     assert_close(f"{opt_name}/{loss} losses", got["loss"], ref_losses, **tol_loss)

@@ -52,9 +52,10 @@ def make_bundle(folder, trainable="*"):
     return module
 
 
-def simulate(start: dict, clients, rounds, trainable=None):
+def simulate(start: dict, clients, rounds, trainable=None, mu=0.0):
     """PyTorch: each round every client (rounds[r]: their indices) fits from the global weights with a fresh SGD,
-    in order, batch BATCH; the global weights become the sample-weighted mean. The globals after each round."""
+    in order, batch BATCH (with FedProx's proximal term mu / 2 * ||w - w_global||^2 in its loss); the global weights
+    become the sample-weighted mean. The globals after each round."""
     glob, out = {k: v.clone() for k, v in start.items()}, []
     for who in rounds:
         fits, counts = [], []
@@ -66,7 +67,7 @@ def simulate(start: dict, clients, rounds, trainable=None):
             x, y = clients[i]
             opt = {"type": "sgd", "lr": LR}
             params = [p for p in m.parameters() if p.requires_grad]
-            torch_fit(_Only(m, params), torch.from_numpy(x), torch.from_numpy(y), "cross_entropy", opt, BATCH, 1)
+            torch_fit(_Only(m, params), torch.from_numpy(x), torch.from_numpy(y), "cross_entropy", opt, BATCH, 1, mu)
             fits.append({k: v.detach().clone() for k, v in m.state_dict().items()})
             counts.append(len(y))
         total = sum(counts)
@@ -211,6 +212,30 @@ def test_three_browsers_fedavg_matches_pytorch(browser, tmp_path):
     inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / "global.onnx")).graph.initializer}
     for name, w in expected[-1].items():
         assert_close(f"global.onnx {name}", inits[name].reshape(-1), w.reshape(-1), **PARITY)
+
+
+def test_fedprox_local_fits_have_the_proximal_term(browser, tmp_path):
+    """--strategy fedprox: Flower's FedProx sends proximal-mu in the fit config, and each page's local fit adds
+    mu / 2 * ||w - w_global||^2 to its loss (fit options.proximal): the globals are PyTorch's FedProx, not FedAvg's."""
+    clients, _ = digits()
+    module = make_bundle(tmp_path)
+    settings = Settings(strategy="fedprox", proximal_mu=2.0, rounds=2, min_clients=3, lr=LR, batch_size=BATCH,
+                        round_timeout=120, heartbeat=2.0)
+    fed = Federation(Bundle.load(str(tmp_path)), settings, log=lambda _: None)
+    bridge = Bridge(fed).start()
+    pages = Pages(browser, bridge.url)
+    try:
+        join_all(pages, fed, clients)
+        fed.start()
+        assert finish(pages, fed) == ["done"] * 3
+    finally:
+        pages.close()
+        bridge.close()
+    assert not pages.errors, pages.errors
+    start = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    check_rounds(fed, simulate(start, clients, [[0, 1, 2]] * 2, mu=2.0), "FedProx of 3 browsers")
+    plain = simulate(start, clients, [[0, 1, 2]] * 2)[-1]["2.weight"]  # the term matters here: far from FedAvg's
+    assert np.linalg.norm(fed.history[2]["arrays"]["2.weight"] - plain) > 100 * 1e-4 * np.linalg.norm(plain)
 
 
 def test_a_browser_closed_mid_round_does_not_stall(browser, tmp_path):

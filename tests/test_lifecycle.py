@@ -278,3 +278,30 @@ def test_interrupted_save_leaves_a_valid_checkpoint(web, bundle, data, site, bro
         same_weights(restored, first["first"])
     except AssertionError:
         same_weights(restored, first["second"])  # the new save had completed: also valid
+
+
+def test_a_proximal_fit_survives_lost_contexts(web, bundle, data):
+    """fit's proximal term reads its anchor (the weights the fit started from) from a texture the fit makes; a
+    restored context has new textures, and the fit makes the anchor again from what it kept: losing the context
+    twice changes nothing against an uninterrupted proximal fit of a fresh model."""
+    got = run(web, bundle, data, """
+        const o = (onStep) => fitOptions({ epochs: 1, proximal: { mu: 0.5 }, onStep });
+        let restores = 0;
+        canvas.addEventListener('webglcontextrestored', () => restores++);
+        const done = new Set();
+        const r = await m.fit(x, y, o(({ step }) => {
+          if ((step === 10 || step === 70) && !done.has(step)) {
+            done.add(step);
+            lose.loseContext();
+            setTimeout(() => lose.restoreContext(), 30);
+          }
+        }));
+        const fresh = await mod.createModel();
+        const ref = await fresh.fit(x, y, o(undefined));
+        const plain = await (await mod.createModel()).fit(x, y, fitOptions({ epochs: 1 }));
+        return { restores, loss: r.loss, refLoss: ref.loss, plainLoss: plain.loss, weights: arr(await m.getWeights()),
+                 refWeights: arr(await fresh.getWeights()) };
+    """)
+    assert got["restores"] == 2
+    assert got["loss"] == got["refLoss"] and got["loss"] != got["plainLoss"]
+    same_weights(got["weights"], got["refWeights"])

@@ -132,3 +132,68 @@ def torch_fit_epoch(module, opt, x, y, batch_size) -> list[float]:
         opt.step()
         losses.append(value.item())
     return losses
+
+
+# ---- fit's proximal term (fit options.proximal: FedProx's mu / 2 * ||w - w_start||^2) ----------------------
+# mu 0.5 moves the weights of these 12 steps by about 1e-2 against a plain fit: far beyond TRAJ_W.
+
+@pytest.mark.parametrize("opt_name", ["sgd", "sgd_momentum_wd", "adam", "adamw"])
+def test_proximal_trajectory(web, site, opt_name):
+    check_training(web, site, mlp_45_31_7, (45,), opt_name, "cross_entropy", samples=50, batch_size=16, epochs=3,
+                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, mu=0.5)
+
+
+@pytest.mark.parametrize("options,frozen", [({"backend": "cpu"}, "0.*"), ({"precision": "rgba8", "maxTextureSize": 40}, "2.*")],
+                         ids=["cpu", "rgba8-folded"])
+def test_proximal_trajectory_of_a_subset(web, site, options, frozen):
+    """Only what trains is pulled back (one layer is frozen), on the CPU backend and on rgba8 textures folded
+    by a small texture limit (the first layer's weight, 48 x 31 bytes' texels, in rows of 40)."""
+    got = check_training(web, site, mlp_45_31_7, (45,), "sgd_nesterov", "mse", samples=50, batch_size=16, epochs=3,
+                         tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, mu=0.5, frozen=(frozen,), options=options, max_batch=16)
+    if "precision" in options:
+        assert got["info"]["precision"] == "rgba8" and got["folded"] > 0
+
+
+def test_proximal_anchor_is_each_fits_start(web, site):
+    """Two fits in a row, each anchored at the weights it started from (the second at the first's result), with the
+    optimizer state carried over as usual; then a plain fit, which the anchors no longer touch."""
+    torch.manual_seed(3)
+    module = mlp_45_31_7()
+    url = build_module(site, "train_proximal_twice", module, (45,))
+    x, y = torch.randn(20, 45), torch.randint(0, 7, (20,))
+    cfg = OPTIMIZERS["sgd_momentum_wd"]
+    got = run_model(web, url, """
+        const x = new Float32Array(args.x), y = Int32Array.from(args.y), o = { batchSize: 10, shuffle: false };
+        const a = await m.fit(x, y, { ...o, optimizer: args.cfg, proximal: { mu: 0.8 } });
+        const b = await m.fit(x, y, { ...o, optimizer: args.cfg, proximal: { mu: 0.3 } });
+        const c = await m.fit(x, y, { ...o, optimizer: args.cfg });
+        return { loss: [...a.loss, ...b.loss, ...c.loss], weights: arr(await m.getWeights()) };
+    """, {"x": x.reshape(-1).tolist(), "y": y.tolist(), "cfg": cfg})
+    opt = torch.optim.SGD(module.parameters(), lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weightDecay"])
+    losses = []
+    for mu in (0.8, 0.3, 0.0):
+        start = [p.detach().clone() for p in module.parameters()]
+        for s in (0, 10):
+            opt.zero_grad()
+            value = F.cross_entropy(module(x[s:s + 10]), y[s:s + 10])
+            (value + mu / 2 * sum(((p - p0) ** 2).sum() for p, p0 in zip(module.parameters(), start))).backward()
+            opt.step()
+            losses.append(value.item())
+    assert_close("losses", got["loss"], losses, **TRAJ_LOSS)
+    for name, ref in torch_state(module).items():
+        assert_close(name, got["weights"][name], ref.reshape(-1), **TRAJ_W)
+
+
+def test_proximal_option_errors(web, site):
+    url = build_module(site, "train_proximal_errors", mlp_45_31_7(), (45,))
+    got = run_model(web, url, """
+        const x = new Float32Array(45), y = Int32Array.from([1]), out = [];
+        for (const proximal of [{ mu: -1 }, { mu: NaN }, { nu: 1 }, 0.5]) {
+          try { await m.fit(x, y, { proximal }); out.push('fit'); } catch (e) { out.push(e.code + ': ' + e.message); }
+        }
+        return out;
+    """)
+    assert got == ["bad-option: texelfit: fit options.proximal.mu must be a finite number >= 0, got -1",
+                   "bad-option: texelfit: fit options.proximal.mu must be a finite number >= 0, got NaN",
+                   'bad-option: texelfit: fit options.proximal has no option "nu" (did you mean "mu"? the options are mu)',
+                   "bad-option: texelfit: fit options.proximal must be an object, got 0.5"]

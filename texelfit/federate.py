@@ -325,7 +325,9 @@ class Federation:
                                              "optimizer": config["optimizer"], "lr": config["lr"],
                                              "shuffle": config["shuffle"], "quantize": config["quantize"],
                                              # --dp-clip: the page clips its delta to this L2 norm before it sends it
-                                             "clip": self.settings.dp_clip},
+                                             "clip": self.settings.dp_clip,
+                                             # FedProx's mu (its strategy adds it): the page's fit has the proximal term
+                                             "proximalMu": float(config.get("proximal-mu", 0.0))},
                 **self._weights(weights)}
 
     def _weights(self, weights) -> dict:

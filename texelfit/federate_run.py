@@ -118,9 +118,6 @@ def run(args) -> None:
     print(f"texelfit: federate: {bundle.name} on {bridge.url}/ (the page for people: {bridge.url}/federation.html); "
           f"{settings.strategy}, {settings.rounds} rounds of at least {settings.min_clients} clients; "
           f"{len(fed.names)} trainable tensors travel ({travel} values: {4 * travel} bytes float32)", flush=True)
-    if settings.strategy == "fedprox":
-        print("texelfit: federate: note: the bundle's fit has no proximal term: FedProx's proximal-mu reaches the "
-              "clients' fit config, but their local fits are plain (FedProx aggregates as FedAvg)", flush=True)
     if settings.dp_clip is not None:
         print(f"texelfit: federate: differential privacy: updates clipped to L2 norm {settings.dp_clip:g} (Flower's "
               f"fixedclipping_mod), Gaussian noise of std {settings.dp_noise:g} * {settings.dp_clip:g} / "

@@ -1,11 +1,16 @@
 """Optimizers: one pass per parameter tensor, writing the parameter and its state
 through multiple render targets into the other half of their ping-pong pairs.
 
-sgd    (gradient inputs), P, M     -> P', M'        (torch.optim.SGD: momentum, dampening, nesterov, weight_decay)
-sgd0   (gradient inputs), P        -> P'            (the same with momentum 0: torch neither reads nor
-                                                     writes the buffer then, so the pass fetches and
-                                                     writes a third less; the runtime picks it by momentum)
-adam   (gradient inputs), P, M, V  -> P', M', V'    (torch.optim.Adam; AdamW with u_decoupled = 1)
+sgd    (gradient inputs), A, P, M     -> P', M'        (torch.optim.SGD: momentum, dampening, nesterov, weight_decay)
+sgd0   (gradient inputs), A, P        -> P'            (the same with momentum 0: torch neither reads nor
+                                                        writes the buffer then, so the pass fetches and
+                                                        writes a third less; the runtime picks it by momentum)
+adam   (gradient inputs), A, P, M, V  -> P', M', V'    (torch.optim.Adam; AdamW with u_decoupled = 1)
+
+A is the anchor of fit's proximal term (FedProx): the gradient gets u_mu * (P - A), that of
+mu / 2 * ||w - w_start||^2. The schedule binds the parameter itself there (P - A = 0, and u_mu is 0): a
+fit with `proximal` binds a texture of the weights it started from instead (runtime/model.js.j2:
+#optimizerOf), so a fit without one pays a texel fetch that hits the cache, and no memory.
 
 The pass also computes the gradient it applies: it includes the parameter's gradient kernel
 (dense_grad_weight, conv_grad_bias, ...) as a function and reads that kernel's inputs. So a
@@ -19,8 +24,8 @@ from ..kernels import Kernel, Pass
 
 OPTIMIZERS = ("sgd", "sgd0", "adam")
 
-_SGD_UNIFORMS = ("u_lr", "u_momentum", "u_dampening", "u_nesterov", "u_first", "u_wd")
-_ADAM_UNIFORMS = ("u_lr", "u_wd", "u_decoupled", "u_beta1", "u_beta2", "u_eps", "u_step_size", "u_bc2_sqrt")
+_SGD_UNIFORMS = ("u_lr", "u_momentum", "u_dampening", "u_nesterov", "u_first", "u_wd", "u_mu")
+_ADAM_UNIFORMS = ("u_lr", "u_wd", "u_decoupled", "u_beta1", "u_beta2", "u_eps", "u_step_size", "u_bc2_sqrt", "u_mu")
 
 
 def optimizer_pass(opt, name, grad: Pass):
@@ -30,7 +35,7 @@ def optimizer_pass(opt, name, grad: Pass):
     state = {"sgd": [p, m], "sgd0": [p], "adam": [p, m, v]}[opt]
     g = grad.kernel
     consts = dict(g.consts, gradient=g.template.removesuffix(".glsl.j2"), stateless=opt == "sgd0")
-    k = Kernel(f"{opt} {g.name}", f"{opt.rstrip('0')}.glsl.j2", g.inputs + ("P", "M", "V")[: len(state)],
+    k = Kernel(f"{opt} {g.name}", f"{opt.rstrip('0')}.glsl.j2", g.inputs + ("A", "P", "M", "V")[: 1 + len(state)],
                outputs=len(state), uniforms=g.uniforms + (_ADAM_UNIFORMS if opt == "adam" else _SGD_UNIFORMS),
                consts=consts)
-    return [Pass(k, grad.inputs + state, state, "full", name, grad.values, grad.blocked)], state
+    return [Pass(k, grad.inputs + [p] + state, state, "full", name, grad.values, grad.blocked)], state
