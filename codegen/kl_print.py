@@ -7,7 +7,7 @@
                          `rows` rows; a vec4 is four numbers, one variable a lane, and each load of a statement
                          reads its texel's index once
 
-A WGSL printer is one more of these.
+The WGSL printer (a compute shader, for the WebGPU backend) is codegen/kl_wgsl.py; it shares _const.
 """
 from __future__ import annotations
 

@@ -1,0 +1,195 @@
+"""The kernel language (codegen/kl.py) printed as a WGSL compute shader: the third printer, beside GLSL and
+JavaScript (codegen/kl_print.py), for the WebGPU backend.
+
+    wgsl(k, inputs, outputs)   a whole WGSL module: one invocation an output texel
+
+Storage is what WebGPU gives a compute shader: each texture of the plan is a storage buffer of vec4<f32> texels in
+row-major order, logical width `w` (no folding, no rgba8: those are WebGL2's). Bindings, in group 0: the inputs
+in the order the pass binds them (read-only), then out0, out1, ... (read-write), then one uniform buffer, `_d`, a
+struct of i32 and f32 scalars:
+
+    rows, width            the rows the pass draws and the output's width in texels
+    w_NAME                 each input's width in texels (a load of NAME at (r, c) reads NAME[r * w_NAME + c])
+    u_...                  the kernel's uniforms, as codegen/kernels.py: UNIFORM_TYPES types them
+
+`struct_fields(k, inputs)` lists those fields in order, with their types, for whoever fills the buffer (4 bytes
+each; the struct is padded to 16). The dispatch covers rows * width invocations in workgroups of WORKGROUP, over
+x and then y (a grid of at most 65,535 workgroups a side): `dispatch(rows, width)` gives the grid.
+
+A kernel's variables are printed as v_NAME (WGSL reserves words a kernel may use). Shape constants (k.sym) are baked in as literals, as in GLSL; int `/` and `%` truncate as GLSL's do. WGSL has no
+literal for an infinity: a kernel that needs one gets it by bitcast.
+"""
+from __future__ import annotations
+
+import math
+
+from .kernels import UNIFORM_TYPES
+from .kl import X
+from .kl_print import _const
+
+WORKGROUP = 64
+MAX_GROUPS = 65535
+
+_TYPE = {"int": "i32", "float": "f32", "vec4": "vec4<f32>", "bool": "bool", "bvec4": "vec4<bool>"}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%", "and": "&&", "or": "||",
+          "lt": "<", "gt": ">", "le": "<=", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def _float(v: float) -> str:
+    if math.isinf(v):
+        return "bitcast<f32>(0x7f800000u)" if v > 0 else "bitcast<f32>(0xff800000u)"
+    if math.isnan(v):
+        raise ValueError("kl wgsl: a NaN constant")
+    r = repr(float(v))
+    return r if ("." in r or "e" in r) else r + ".0"
+
+
+def _name(n: str) -> str:
+    """A kernel's variable (WGSL reserves many words a kernel may use: where, filter, ...)."""
+    return "v_" + n
+
+
+def _vec(e: X, text: str) -> str:
+    """A float operand where WGSL wants a vec4 (it broadcasts a scalar in + - * / only)."""
+    return text if e.type in ("vec4", "bvec4") else f"vec4<f32>({text})"
+
+
+def _w(e: X) -> str:
+    if e.op != "int" and e.type == "int" and _const(e) is not None:
+        return _w(X("int", value=_const(e), type="int"))
+    op, a = e.op, [_w(x) for x in e.args]
+    if op == "int":
+        return str(e.value) if e.value >= 0 else f"({e.value})"
+    if op == "float":
+        return _float(e.value) if e.value >= 0 else f"(-{_float(-e.value)})"
+    if op == "sym":
+        return _w(X("float", value=float(e.value[1])))
+    if op == "var":
+        return _name(e.value)
+    if op == "uniform":
+        return f"_d.{e.value}"
+    if op in ("row", "col"):
+        return f"_{op}"
+    if op == "load":
+        return f"{e.value}[({a[0]}) * _d.w_{e.value} + ({a[1]})]"
+    if op == "lane":
+        return f"{a[0]}[{a[1]}]"
+    if op == "splat":
+        return f"vec4<f32>({a[0]})"
+    if op == "float_of":
+        return f"f32({a[0]})"
+    if op == "neg":
+        return f"(-{a[0]})"
+    if op in ("max", "min"):  # WGSL's take two of one type
+        if e.type == "vec4":
+            a = [_vec(x, t) for x, t in zip(e.args, a)]
+        return f"{op}({a[0]}, {a[1]})"
+    if op in ("lt", "gt", "le", "ge", "eq", "ne") and e.type == "bvec4":
+        return f"({_vec(e.args[0], a[0])} {_INFIX[op]} {_vec(e.args[1], a[1])})"
+    if op in _INFIX:
+        return f"({a[0]} {_INFIX[op]} {a[1]})"
+    if op in ("exp", "log", "sqrt", "abs", "dot"):
+        return f"{op}({', '.join(a)})"
+    if op == "hmax":
+        return f"_hmax({a[0]})"
+    if op == "hsum":
+        return f"dot({a[0]}, vec4<f32>(1.0))"
+    if op == "select":  # WGSL's select(false_value, true_value, condition)
+        if e.type == "vec4":
+            return f"select({_vec(e.args[2], a[2])}, {_vec(e.args[1], a[1])}, {a[0]})"
+        return f"select({a[2]}, {a[1]}, {a[0]})"
+    if op == "valid":
+        return f"_valid{_const(e.args[1])}({a[0]})"
+    if op == "isvalid":
+        return f"(_valid{_const(e.args[1])}({a[0]}) > vec4<f32>(0.0))"
+    raise AssertionError(f"kl wgsl: {op}")
+
+
+def _uniforms(k) -> list[str]:
+    found: set[str] = set()
+
+    def walk(e):
+        if isinstance(e, X):
+            if e.op == "uniform":
+                found.add(e.value)
+            for x in e.args:
+                walk(x)
+        elif isinstance(e, (list, tuple)):
+            for x in e:
+                walk(x)
+
+    walk(k.body)
+    return sorted(found)
+
+
+def struct_fields(k, inputs: list[str]) -> list[tuple[str, str]]:
+    """The fields of the uniform struct `_d`, in order: (name, "i32" or "f32")."""
+    return ([("rows", "i32"), ("width", "i32")] + [(f"w_{n}", "i32") for n in inputs]
+            + [(u, "i32" if UNIFORM_TYPES[u] == "int" else "f32") for u in _uniforms(k)])
+
+
+def dispatch(rows: int, width: int) -> tuple[int, int]:
+    """The workgroup grid (x, y) covering rows * width invocations."""
+    groups = -(-rows * width // WORKGROUP)
+    y = -(-groups // MAX_GROUPS)
+    return -(-groups // y), y
+
+
+def wgsl(k, inputs: list[str], outputs: int) -> str:
+    helpers: dict[str, str] = {}
+
+    def need(e: X):
+        if e.op == "hmax":
+            helpers["_hmax"] = "fn _hmax(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }"
+        if e.op in ("valid", "isvalid"):
+            n = _const(e.args[1])
+            rem = n % 4 or 4
+            mask = ", ".join("1.0" if i < rem else "0.0" for i in range(4))
+            helpers[f"_valid{n}"] = (f"fn _valid{n}(j: i32) -> vec4<f32> {{ return select(vec4<f32>({mask}), "
+                                     f"vec4<f32>(1.0), j < {(n + 3) // 4 - 1}); }}")
+        for x in e.args:
+            need(x)
+
+    lines: list[str] = []
+
+    def block(body, indent):
+        pad = "  " * indent
+        for s in body:
+            kind = s[0]
+            if kind == "for":
+                need(s[2]), need(s[3])
+                i = _name(s[1])
+                lines.append(f"{pad}for (var {i}: i32 = {_w(s[2])}; {i} < {_w(s[3])}; {i}++) {{")
+                block(s[4], indent + 1)
+                lines.append(pad + "}")
+            elif kind == "if":
+                need(s[1])
+                lines.append(f"{pad}if ({_w(s[1])}) {{")
+                block(s[2], indent + 1)
+                lines.append(pad + "}")
+            elif kind == "setlane":
+                need(s[2]), need(s[3])
+                lines.append(f"{pad}{_name(s[1])}[{_w(s[2])}] = {_w(s[3])};")
+            else:
+                need(s[2])
+                if kind == "let":
+                    lines.append(f"{pad}var {_name(s[1])}: {_TYPE[s[2].type]} = {_w(s[2])};")
+                elif kind == "set":
+                    lines.append(f"{pad}{_name(s[1])} = {_w(s[2])};")
+                else:
+                    lines.append(f"{pad}out{s[1]}[_i] = {_w(s[2])};")
+
+    block(k.body, 1)
+    fields = struct_fields(k, inputs)
+    decl = [f"@group(0) @binding({i}) var<storage, read> {n}: array<vec4<f32>>;" for i, n in enumerate(inputs)]
+    decl += [f"@group(0) @binding({len(inputs) + i}) var<storage, read_write> out{i}: array<vec4<f32>>;"
+             for i in range(outputs)]
+    decl += ["struct _D { " + " ".join(f"{n}: {t}," for n, t in fields) + " }",
+             f"@group(0) @binding({len(inputs) + outputs}) var<uniform> _d: _D;"]
+    main = [f"@compute @workgroup_size({WORKGROUP})",
+            "fn main(@builtin(global_invocation_id) _g: vec3<u32>, @builtin(num_workgroups) _n: vec3<u32>) {",
+            f"  let _i = i32(_g.x + _g.y * _n.x * {WORKGROUP}u);",
+            "  if (_i >= _d.rows * _d.width) { return; }",
+            "  let _row = _i / _d.width;",
+            "  let _col = _i % _d.width;"]
+    return "\n".join([*decl, *sorted(helpers.values()), *main, *lines, "}"]) + "\n"

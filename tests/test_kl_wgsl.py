@@ -1,0 +1,172 @@
+"""The kernel language's WGSL printer (codegen/kl_wgsl.py), run as WebGPU compute shaders in Chromium (SwiftShader's
+WebGPU adapter, --enable-unsafe-webgpu): every kernel written in the language that real models schedule (pools,
+reductions, softmax, forward and backward, with their shape constants) computes on random textures what the same
+kernel printed as the CPU backend's JavaScript computes, run by node. The JavaScript is the CPU backend's, which
+the op tests check against PyTorch; so the WGSL is checked against PyTorch through it.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from codegen.kl_print import js
+from codegen.kl_wgsl import dispatch, struct_fields, wgsl
+from conftest import CHROMIUM, CHROMIUM_ARGS
+from texelfit.codegen.schedule import build_schedule
+from texelfit.prep.fold import fold_batchnorm
+from texelfit.prep.graph import to_ir
+from texelfit.prep.layout import plan_layout
+from texelfit.prep.load import export_simplified
+
+BATCH = 3
+
+
+class Pools(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.mp = nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True)
+        self.ap = nn.AvgPool2d(2, padding=1, count_include_pad=False)
+        self.conv2 = nn.Conv2d(6, 5, 1)
+        self.head = nn.Linear(5, 9)
+
+    def forward(self, x):
+        y = self.conv2(self.ap(self.mp(self.conv(x))))
+        return torch.log_softmax(self.head(y.mean((2, 3))), 1)
+
+
+class Tokens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(7, 6), nn.Linear(6, 5)
+
+    def forward(self, x):  # (T, F) tokens
+        y = torch.softmax(self.a(x), -1)
+        return self.b(y).amax(1) + y.sum(1).mean(1, keepdim=True)
+
+
+MODELS = {"pools": (Pools, (3, 11, 9)), "tokens": (Tokens, (5, 7))}
+
+
+def kl_passes(name):
+    factory, shape = MODELS[name]
+    torch.manual_seed(0)
+    graph = fold_batchnorm(to_ir(export_simplified(factory(), shape), shape))
+    plan = plan_layout(graph, BATCH)
+    s = build_schedule(graph, plan)
+    seen, out = set(), []
+    for p in s.forward + s.backward:
+        if p.kernel.kl is not None and p.kernel.name not in seen:
+            seen.add(p.kernel.name)
+            out.append((p, plan))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpu_page(browser_type, site):
+    b = browser_type.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS + ["--enable-unsafe-webgpu"])
+    page = b.new_page()
+    page.goto(f"{site.url}/index.html")
+    assert page.evaluate("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())"), "no WebGPU adapter"
+    yield page
+    b.close()
+
+
+RUN = """async ({ code, inputs, outputs, rows, width, fields, grid }) => {
+  const adapter = await navigator.gpu.requestAdapter();
+  const device = await adapter.requestDevice();
+  device.pushErrorScope('validation');
+  const module = device.createShaderModule({ code });
+  const info = await module.getCompilationInfo();
+  const errors = info.messages.filter((m) => m.type === 'error');
+  if (errors.length) return { error: errors.map((m) => `${m.lineNum}:${m.linePos} ${m.message}`).join('\\n') };
+  const pipeline = device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: 'main' } });
+  const buffer = (bytes, usage) => device.createBuffer({ size: Math.max(16, bytes), usage });
+  const entries = [];
+  for (const data of inputs) {
+    const b = buffer(data.length * 4, GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST);
+    device.queue.writeBuffer(b, 0, Float32Array.from(data));
+    entries.push(b);
+  }
+  const outs = [], reads = [], bytes = rows * width * 16;
+  for (let i = 0; i < outputs; i++) {
+    outs.push(buffer(bytes, GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC));
+    reads.push(buffer(bytes, GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST));
+  }
+  const d = new ArrayBuffer(Math.ceil(fields.length / 4) * 16), ints = new Int32Array(d), floats = new Float32Array(d);
+  fields.forEach(([type, v], i) => { if (type === 'i32') ints[i] = v; else floats[i] = v; });
+  const u = buffer(d.byteLength, GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST);
+  device.queue.writeBuffer(u, 0, d);
+  const group = device.createBindGroup({ layout: pipeline.getBindGroupLayout(0),
+    entries: [...entries, ...outs, u].map((b, binding) => ({ binding, resource: { buffer: b } })) });
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  pass.setPipeline(pipeline);
+  pass.setBindGroup(0, group);
+  pass.dispatchWorkgroups(grid[0], grid[1]);
+  pass.end();
+  outs.forEach((b, i) => enc.copyBufferToBuffer(b, 0, reads[i], 0, bytes));
+  device.queue.submit([enc.finish()]);
+  const result = [];
+  for (const r of reads) {
+    await r.mapAsync(GPUMapMode.READ);
+    result.push(Array.from(new Float32Array(r.getMappedRange().slice(0, bytes))));
+    r.unmap();
+  }
+  const e = await device.popErrorScope();
+  device.destroy();
+  return e ? { error: e.message } : { result };
+}"""
+
+
+def _run_js(fn: str, consts: dict, inputs: list[np.ndarray], widths: list[int], outputs: int, rows: int,
+            width: int) -> list[np.ndarray]:
+    script = f"""
+const fn = {fn};
+const src = {json.dumps([a.reshape(-1).tolist() for a in inputs])};
+const ins = src.map((d, i) => ({{ width: {json.dumps(widths)}[i], data: Float32Array.from(d) }}));
+const outs = Array.from({{ length: {outputs} }}, () => ({{ width: {width}, data: new Float32Array({rows * width * 4}) }}));
+fn({json.dumps(consts)}, ins, outs, {{ u_batch: {BATCH} }}, {rows});
+console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
+"""
+    got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
+    return [np.array(o, dtype=np.float64) for o in json.loads(got)]
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
+    passes = kl_passes(model)
+    kinds = {p.kernel.name.split(" ")[0] for p, _ in passes}
+    assert kinds, "the model schedules kernels written in the kernel language"
+    rng = np.random.default_rng(1)
+    for p, plan in passes:
+        k, names = p.kernel, p.kernel.inputs
+        specs = [plan.textures[t] for t in p.inputs]
+        out = plan.textures[p.outputs[0]]
+        rows, width = out.height, out.width
+        data = [(rng.standard_normal((s.height, s.width, 4)) * 2).astype(np.float32) for s in specs]
+        fields = struct_fields(k.kl, list(names))
+        values = {"rows": rows, "width": width, **{f"w_{n}": s.width for n, s in zip(names, specs)},
+                  "u_batch": BATCH, **p.values}
+        code = wgsl(k.kl, list(names), k.outputs)
+        got = gpu_page.evaluate(RUN, {"code": code, "inputs": [d.reshape(-1).tolist() for d in data],
+                                      "outputs": k.outputs, "rows": rows, "width": width,
+                                      "fields": [[t, values[n]] for n, t in fields], "grid": list(dispatch(rows, width))})
+        assert "error" not in got, f"{k.name}: {got.get('error')}\n{code}"
+        ref = _run_js(js(k.kl, list(names), k.outputs), k.kl.symbols, data, [s.width for s in specs], k.outputs,
+                      rows, width)
+        for i, (g, r) in enumerate(zip(got["result"], ref)):
+            np.testing.assert_allclose(np.asarray(g), r, rtol=2e-5, atol=2e-6, err_msg=f"{k.name} out{i}")
+    print(model, sorted(kinds))
+
+
+def test_dispatch_covers_large_outputs():
+    """More texels than 65,535 workgroups of 64 hold in one row of the grid: the grid goes over y too."""
+    for rows, width in [(1, 1), (3, 100), (70_000, 64), (4096, 4096)]:
+        x, y = dispatch(rows, width)
+        assert x <= 65535 and y <= 65535 and x * y * 64 >= rows * width > x * (y - 1) * 64
