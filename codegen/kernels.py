@@ -84,6 +84,9 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
     env.filters["glsl_float"] = glsl_float
+    # a plain-JavaScript module of the runtime (runtime_template/runtime/NAME.js), inserted as it is: no template
+    env.globals["runtime_js"] = lambda name: (resources.files("texelfit.runtime_template").joinpath("runtime", name)
+                                              .read_text(encoding="utf-8"))
     return env
 
 

@@ -18,7 +18,7 @@ from texelfit.prep.layout import BLOCK_MIN_BATCH, COLUMN_PARTS, LOSS_RING, SAMPL
 from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
-from .kernels import render_common, template_env
+from .kernels import UNIFORM_TYPES, render_common, template_env
 from .memory import plan_memory, plan_storage, planned_peak
 from .schedule import Schedule, serialize
 
@@ -128,7 +128,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         # the texture holding it, and its per-sample shape and size; null when there is none
         "trainable": graph.trainable_params(),
         "trunk": _trunk(graph, plan),
-        # fromImages (images.js.j2): {mode, mean, std, channels, height, width}, or null: no image input
+        # fromImages (images.js): {mode, mean, std, channels, height, width}, or null: no image input
         "image": image,
         # an integer input (token ids): its dtype and the ids it may hold, [0, idRange) (the smallest embedding
         # table reading it; 2^24, where floats stop being exact, when none does); absent for a float32 input
@@ -138,7 +138,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
     multi = len(graph.inputs) > 1
     if multi:  # a multi-input model: predict, fit and features take an object keyed by these names
         model["inputs"] = input_records(graph, plan)
-    if tokenizer is not None:  # fromText (tokenizer.js.j2); absent otherwise (no bytes in other bundles)
+    if tokenizer is not None:  # fromText (tokenizer.js); absent otherwise (no bytes in other bundles)
         model["tokenizer"] = tokenizer["record"]
     if graph.aliases:  # a tied parameter's other state_dict keys -> its name: getWeights gives it under each, and
         model["aliases"] = dict(sorted(graph.aliases.items()))  # setWeights takes each (absent: no bytes elsewhere)
@@ -165,9 +165,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
                          + (f", in {file['name']} beside this file" if file else "")),
         "weights_file": file,
         "weights_file_json": _js_json(file),
-        "weights_version": WEIGHTS_VERSION,
-        "weights_header": HEADER,
-        "weights_entry": ENTRY,
+        "weights_format_json": _js_json({"version": WEIGHTS_VERSION, "header": HEADER, "entry": ENTRY}),
+        "int_uniforms_json": _js_json([u for u, t in UNIFORM_TYPES.items() if t == "int"]),
         "input_shape": list(graph.input_shape),
         "output_shape": list(graph.output_shape),
         "param_names": [p.name for p in graph.params.values()],
@@ -176,13 +175,13 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "multi_input": multi,  # the runtime's code for inputs keyed by name is rendered only then
         "input_names": list(graph.inputs),
         "input_dtypes": [graph.dtype(t) for t in graph.inputs],
-        "has_image": image is not None,  # fromImages' code (images.js.j2) is rendered only then
+        "has_image": image is not None,  # fromImages' code (images.js) is rendered only then
         "has_fold": any(t.fold for t in plan.textures.values()),  # (layout.blocked_fold) its code only then
         # token ids: toIds and checkIds (model.js.j2) are rendered only then
         "int_input": any(graph.dtype(t) != "float32" for t in graph.inputs),
         # the textures of integer inputs: kept float32 in the float16 tier (ids must stay exact)
         "int_textures_json": _js_json([plan.tensor(t) for t in graph.inputs if graph.dtype(t) != "float32"]),
-        "has_tokenizer": tokenizer is not None,  # fromText's code (tokenizer.js.j2) and VOCAB only then
+        "has_tokenizer": tokenizer is not None,  # fromText's code (tokenizer.js) and VOCAB only then
         # fromText exists where the input is one sequence (T,): the tokenizer, or a stub that rejects
         # (no-tokenizer); an image model has none (its bundle stays as small as before)
         "sequence_input": len(graph.input_shape) == 1,

@@ -33,7 +33,7 @@ The blob (little-endian; its base64 is `const WEIGHTS` in the bundle):
     end - 4       4  u32      CRC-32 (zlib's, IEEE 802.3) of every byte before it
 
 A blob whose checksum, magic, version, lengths or table do not check out makes createModel
-throw TexelfitError('corrupt-weights') (runtime_template/runtime/weights.js.j2); `decode` here
+throw TexelfitError('corrupt-weights') (runtime_template/runtime/weights.js); `decode` here
 is the same decoder in Python.
 """
 from __future__ import annotations

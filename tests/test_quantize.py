@@ -1,4 +1,4 @@
-"""Quantised weight shipping (prep/quantize.py, runtime/weights.js.j2): error bounds, blob sizes,
+"""Quantised weight shipping (prep/quantize.py, runtime/weights.js): error bounds, blob sizes,
 exact decoding in the page, the checksum, and quantised bundles that run and train like PyTorch
 from the decoded weights.
 

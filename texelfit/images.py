@@ -18,7 +18,7 @@ Each image (a PIL image, or a uint8 array H x W x 3 / x 4 / H x W) goes through,
 4. a 1-channel input takes the luminance 0.299 R + 0.587 G + 0.114 B (ITU-R 601, PIL's "L");
 5. normalise: (value - mean) / std per channel (`normalization`).
 
-The browser (runtime_template/runtime/images.js.j2, its GLSL and its JS twin) implements the same
+The browser (runtime_template/runtime/images.js, its GLSL and its JS twin) implements the same
 steps with the same integer crop and the same weights.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ library); the bundle carries the same ranges, so the browser's Unicode version d
 them. NFD and lower-casing are the browser's (String.prototype.normalize, toLowerCase) and Python's
 (unicodedata; str.lower with bert_unicode.LOWERCASE for characters newer than Python's Unicode).
 
-The browser twin is runtime_template/runtime/tokenizer.js.j2; a lone surrogate in a JavaScript
+The browser twin is runtime_template/runtime/tokenizer.js; a lone surrogate in a JavaScript
 string counts as U+FFFD there (a Python string given to `tokenizers` cannot hold one).
 """
 from __future__ import annotations
@@ -208,7 +208,7 @@ class Tokenizer:
 
     # ---- the bundle's record ------------------------------------------------------------------------
     def record(self, length: int) -> dict:
-        """MODEL.tokenizer (runtime/tokenizer.js.j2); the vocabulary goes beside it (VOCAB)."""
+        """MODEL.tokenizer (runtime/tokenizer.js); the vocabulary goes beside it (VOCAB)."""
         control, punctuation, mark, spaces, cjk, _ = self._cls
         special = sorted(self.special, key=lambda s: (-len(s), s))  # longest first: step 1's choice
         return {

@@ -11,7 +11,6 @@
 // 'weights-unavailable'.
 
 const WEIGHTS_MAGIC = 0x57465854; // "TXFW", read little-endian
-const WEIGHTS_VERSION = {{ weights_version }};
 const WEIGHTS_F32 = 0, WEIGHTS_F16 = 1, WEIGHTS_I8 = 2;
 
 let weightsFrom = 'this bundle'; // where the weights being checked came from, for the messages (decodeWeights sets it)
@@ -79,7 +78,7 @@ const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
 function decodeWeights(bytes, from, expect) {
   weightsFrom = from;
   const n = bytes.length;
-  if (n < {{ weights_header }} + 4) throw corruptWeights(`${n} bytes is too short`);
+  if (n < WEIGHTS_FORMAT.header + 4) throw corruptWeights(`${n} bytes is too short`);
   const view = new DataView(bytes.buffer, bytes.byteOffset, n);
   const stored = view.getUint32(n - 4, true), computed = crc32(bytes, n - 4);
   if (expect && (n !== expect.bytes || stored !== expect.crc32)) {
@@ -90,7 +89,7 @@ function decodeWeights(bytes, from, expect) {
   }
   if (view.getUint32(0, true) !== WEIGHTS_MAGIC) throw corruptWeights('it is not a texelfit weights blob');
   const version = view.getUint8(4);
-  if (version !== WEIGHTS_VERSION) throw corruptWeights(`format version ${version}, expected ${WEIGHTS_VERSION}`);
+  if (version !== WEIGHTS_FORMAT.version) throw corruptWeights(`format version ${version}, expected ${WEIGHTS_FORMAT.version}`);
   const count = view.getUint32(8, true);
   if (count !== MODEL.params.length) {
     throw corruptWeights(`it holds ${count} tensors, the model has ${MODEL.params.length}`);
@@ -99,9 +98,9 @@ function decodeWeights(bytes, from, expect) {
   for (const p of MODEL.params) total = Math.max(total, p.offset + p.length);
   const out = new Float32Array(total);
   const end = n - 4;
-  let pos = {{ weights_header }} + {{ weights_entry }} * count;
+  let pos = WEIGHTS_FORMAT.header + WEIGHTS_FORMAT.entry * count;
   for (let t = 0; t < count; t++) {
-    const e = {{ weights_header }} + {{ weights_entry }} * t;
+    const e = WEIGHTS_FORMAT.header + WEIGHTS_FORMAT.entry * t;
     const dtype = view.getUint8(e), len = view.getUint32(e + 4, true);
     const scales = view.getUint32(e + 8, true), inner = view.getUint32(e + 12, true);
     const p = MODEL.params[t];

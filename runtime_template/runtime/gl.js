@@ -8,7 +8,6 @@ void main() {
 }
 `;
 
-const INT_UNIFORMS = new Set(['u_batch', 'u_ring', 'u_rows'{{ ", 'u_dropseed'" if "dropout" in cpu_kernels }}{{ ", 'u_c4', 'u_qb'" if "interleave_cols" in cpu_kernels }}]);
 
 // `given`: the canvas is the page's (createModel options.canvas).
 function getContext(canvas, given) {
