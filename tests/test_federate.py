@@ -153,6 +153,24 @@ def run_from_pages(pages, fed, joined=2):
                                ".startsWith('The federation is over')", timeout=120_000)
 
 
+def run_pages(browser, folder, clients, **settings):
+    """A federation of the bundle in `folder` (Settings: LR, BATCH and these), one page per client, run to its end:
+    every page must end 'done', with no error in any. Returns the Federation."""
+    fed = Federation(Bundle.load(str(folder)), Settings(lr=LR, batch_size=BATCH, round_timeout=120, heartbeat=2.0,
+                                                         **settings), log=lambda _: None)
+    bridge = Bridge(fed).start()
+    pages = Pages(browser, bridge.url)
+    try:
+        join_all(pages, fed, clients)
+        fed.start()
+        assert finish(pages, fed) == ["done"] * len(clients)
+    finally:
+        pages.close()
+        bridge.close()
+    assert not pages.errors, pages.errors
+    return fed
+
+
 def check_rounds(fed, expected, what):
     assert [e["round"] for e in fed.history] == list(range(len(expected) + 1))
     for r, ref in enumerate(expected, 1):
@@ -219,19 +237,7 @@ def test_fedprox_local_fits_have_the_proximal_term(browser, tmp_path):
     mu / 2 * ||w - w_global||^2 to its loss (fit options.proximal): the globals are PyTorch's FedProx, not FedAvg's."""
     clients, _ = digits()
     module = make_bundle(tmp_path)
-    settings = Settings(strategy="fedprox", proximal_mu=2.0, rounds=2, min_clients=3, lr=LR, batch_size=BATCH,
-                        round_timeout=120, heartbeat=2.0)
-    fed = Federation(Bundle.load(str(tmp_path)), settings, log=lambda _: None)
-    bridge = Bridge(fed).start()
-    pages = Pages(browser, bridge.url)
-    try:
-        join_all(pages, fed, clients)
-        fed.start()
-        assert finish(pages, fed) == ["done"] * 3
-    finally:
-        pages.close()
-        bridge.close()
-    assert not pages.errors, pages.errors
+    fed = run_pages(browser, tmp_path, clients, strategy="fedprox", proximal_mu=2.0, rounds=2, min_clients=3)
     start = {k: v.detach().clone() for k, v in module.state_dict().items()}
     check_rounds(fed, simulate(start, clients, [[0, 1, 2]] * 2, mu=2.0), "FedProx of 3 browsers")
     plain = simulate(start, clients, [[0, 1, 2]] * 2)[-1]["2.weight"]  # the term matters here: far from FedAvg's
@@ -416,19 +422,7 @@ def test_pages_clip_their_updates_before_sending_them(browser, tmp_path):
     clients, _ = digits()
     clients, clip = clients[:2], 0.05
     module = make_bundle(tmp_path)
-    settings = Settings(rounds=1, min_clients=2, lr=LR, batch_size=BATCH, round_timeout=120, heartbeat=2.0,
-                        dp_clip=clip, dp_noise=0.0)
-    fed = Federation(Bundle.load(str(tmp_path)), settings, log=lambda _: None)
-    bridge = Bridge(fed).start()
-    pages = Pages(browser, bridge.url)
-    try:
-        join_all(pages, fed, clients)
-        fed.start()
-        assert finish(pages, fed) == ["done"] * 2
-    finally:
-        pages.close()
-        bridge.close()
-    assert not pages.errors, pages.errors
+    fed = run_pages(browser, tmp_path, clients, rounds=1, min_clients=2, dp_clip=clip, dp_noise=0.0)
     start = {k: v.detach().clone() for k, v in module.state_dict().items()}
     fits = [simulate(start, [c], [[0]])[0] for c in clients]
     deltas = [{k: f[k].astype(np.float64) - start[k].double().numpy() for k in f} for f in fits]
