@@ -105,52 +105,62 @@ def _vec(e: X, text: str) -> str:
 
 
 def glsl(k) -> str:
+    helpers, need = helper_functions(
+        "float _hmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }",
+        lambda n, last, mask: f"vec4 _valid{n}(int j) {{ return j < {last} ? vec4(1.0) : vec4({mask}); }}")
+    lines = c_like_block(k.body, 1, _glsl, need, {
+        "for": lambda i, start, stop: f"for (int {i} = {start}; {i} < {stop}; {i}++) {{",
+        "let": lambda name, type_, e: f"{_GLSL_TYPE[type_]} {name} = {e};",
+        "set": lambda name, e: f"{name} = {e};",
+        "setlane": lambda name, i, e: f"{name}[{i}] = {e};",
+        "out": lambda i, e: f"out{i} = {e};"})
+    return "\n".join([*sorted(helpers.values()), "void main() {", "  ivec2 _p = outCoord();", *lines, "}"]) + "\n"
+
+
+def helper_functions(hmax: str, valid):
+    """The helper functions a kernel's expressions call, as a target spells them: `hmax` (the source of _hmax), and
+    valid(n, last, mask) -> the source of _validN (1.0 in every lane of a texel j < last, `mask` in texel `last`).
+    Returns ({name: source}, need), need(e) adding those that expression e calls."""
     helpers: dict[str, str] = {}
 
     def need(e: X):
         if e.op == "hmax":
-            helpers["_hmax"] = "float _hmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }"
+            helpers["_hmax"] = hmax
         if e.op in ("valid", "isvalid"):
             n = _const(e.args[1])
             rem = n % 4 or 4
-            mask = ", ".join("1.0" if i < rem else "0.0" for i in range(4))
-            helpers[f"_valid{n}"] = (f"vec4 _valid{n}(int j) {{ return j < {(n + 3) // 4 - 1} ? vec4(1.0) : "
-                                     f"vec4({mask}); }}")
+            helpers[f"_valid{n}"] = valid(n, (n + 3) // 4 - 1, ", ".join("1.0" if i < rem else "0.0" for i in range(4)))
         for x in e.args:
             need(x)
 
+    return helpers, need
+
+
+def c_like_block(body, indent: int, expr, need, form: dict) -> list[str]:
+    """The lines of statements `body` in a language with C's blocks (GLSL, WGSL): `expr` prints an expression,
+    `need(e)` is told of every expression printed (for the helper functions it calls), and `form` spells each
+    statement: for(i, start, stop) (the loop's head), let(name, type, e), set(name, e), setlane(name, i, e),
+    out(i, e)."""
     lines: list[str] = []
-
-    def block(body, indent):
-        pad = "  " * indent
-        for s in body:
-            kind = s[0]
-            if kind == "for":
-                need(s[2]), need(s[3])
-                lines.append(f"{pad}for (int {s[1]} = {_glsl(s[2])}; {s[1]} < {_glsl(s[3])}; {s[1]}++) {{")
-                block(s[4], indent + 1)
-                lines.append(pad + "}")
-                continue
-            if kind == "if":
-                need(s[1])
-                lines.append(f"{pad}if ({_glsl(s[1])}) {{")
-                block(s[2], indent + 1)
-                lines.append(pad + "}")
-                continue
-            if kind == "setlane":
-                need(s[2]), need(s[3])
-                lines.append(f"{pad}{s[1]}[{_glsl(s[2])}] = {_glsl(s[3])};")
-                continue
-            need(s[2])
-            if kind == "let":
-                lines.append(f"{pad}{_GLSL_TYPE[s[2].type]} {s[1]} = {_glsl(s[2])};")
-            elif kind == "set":
-                lines.append(f"{pad}{s[1]} = {_glsl(s[2])};")
-            else:
-                lines.append(f"{pad}out{s[1]} = {_glsl(s[2])};")
-
-    block(k.body, 1)
-    return "\n".join([*sorted(helpers.values()), "void main() {", "  ivec2 _p = outCoord();", *lines, "}"]) + "\n"
+    pad = "  " * indent
+    for s in body:
+        kind = s[0]
+        for e in {"for": s[2:4], "if": s[1:2], "setlane": s[2:4]}.get(kind, s[2:3]):
+            need(e)
+        if kind == "for":
+            lines.append(pad + form["for"](s[1], expr(s[2]), expr(s[3])))
+        elif kind == "if":
+            lines.append(f"{pad}if ({expr(s[1])}) {{")
+        elif kind == "setlane":
+            lines.append(pad + form["setlane"](s[1], expr(s[2]), expr(s[3])))
+        elif kind == "let":
+            lines.append(pad + form["let"](s[1], s[2].type, expr(s[2])))
+        else:
+            lines.append(pad + form[kind](s[1], expr(s[2])))
+        if kind in ("for", "if"):
+            lines += c_like_block(s[4] if kind == "for" else s[2], indent + 1, expr, need, form)
+            lines.append(pad + "}")
+    return lines
 
 
 # ---- JavaScript: a vec4 is a Float64Array(4) allocated once a call; a vec4 statement is a loop over its lanes ----

@@ -25,7 +25,7 @@ import math
 
 from .kernels import UNIFORM_TYPES
 from .kl import X
-from .kl_print import _const
+from .kl_print import _const, c_like_block, helper_functions
 
 WORKGROUP = 64
 MAX_GROUPS = 65535
@@ -136,50 +136,17 @@ def dispatch(rows: int, width: int) -> tuple[int, int]:
 
 
 def wgsl(k, inputs: list[str], outputs: int) -> str:
-    helpers: dict[str, str] = {}
-
-    def need(e: X):
-        if e.op == "hmax":
-            helpers["_hmax"] = "fn _hmax(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }"
-        if e.op in ("valid", "isvalid"):
-            n = _const(e.args[1])
-            rem = n % 4 or 4
-            mask = ", ".join("1.0" if i < rem else "0.0" for i in range(4))
-            helpers[f"_valid{n}"] = (f"fn _valid{n}(j: i32) -> vec4<f32> {{ return select(vec4<f32>({mask}), "
-                                     f"vec4<f32>(1.0), j < {(n + 3) // 4 - 1}); }}")
-        for x in e.args:
-            need(x)
-
-    lines: list[str] = []
-
-    def block(body, indent):
-        pad = "  " * indent
-        for s in body:
-            kind = s[0]
-            if kind == "for":
-                need(s[2]), need(s[3])
-                i = _name(s[1])
-                lines.append(f"{pad}for (var {i}: i32 = {_w(s[2])}; {i} < {_w(s[3])}; {i}++) {{")
-                block(s[4], indent + 1)
-                lines.append(pad + "}")
-            elif kind == "if":
-                need(s[1])
-                lines.append(f"{pad}if ({_w(s[1])}) {{")
-                block(s[2], indent + 1)
-                lines.append(pad + "}")
-            elif kind == "setlane":
-                need(s[2]), need(s[3])
-                lines.append(f"{pad}{_name(s[1])}[{_w(s[2])}] = {_w(s[3])};")
-            else:
-                need(s[2])
-                if kind == "let":
-                    lines.append(f"{pad}var {_name(s[1])}: {_TYPE[s[2].type]} = {_w(s[2])};")
-                elif kind == "set":
-                    lines.append(f"{pad}{_name(s[1])} = {_w(s[2])};")
-                else:
-                    lines.append(f"{pad}out{s[1]}[_i] = {_w(s[2])};")
-
-    block(k.body, 1)
+    helpers, need = helper_functions(
+        "fn _hmax(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }",
+        lambda n, last, mask: (f"fn _valid{n}(j: i32) -> vec4<f32> {{ return select(vec4<f32>({mask}), vec4<f32>(1.0), "
+                               f"j < {last}); }}"))
+    v = _name
+    lines = c_like_block(k.body, 1, _w, need, {
+        "for": lambda i, start, stop: f"for (var {v(i)}: i32 = {start}; {v(i)} < {stop}; {v(i)}++) {{",
+        "let": lambda name, type_, e: f"var {v(name)}: {_TYPE[type_]} = {e};",
+        "set": lambda name, e: f"{v(name)} = {e};",
+        "setlane": lambda name, i, e: f"{v(name)}[{i}] = {e};",
+        "out": lambda i, e: f"out{i}[_i] = {e};"})
     fields = struct_fields(k, inputs)
     decl = [f"@group(0) @binding({i}) var<storage, read> {n}: array<vec4<f32>>;" for i, n in enumerate(inputs)]
     decl += [f"@group(0) @binding({len(inputs) + i}) var<storage, read_write> out{i}: array<vec4<f32>>;"

@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from codegen.kl_print import js
-from codegen.kl_wgsl import dispatch, struct_fields, wgsl
 from conftest import CHROMIUM, CHROMIUM_ARGS
+from texelfit.codegen.kl_print import js
+from texelfit.codegen.kl_wgsl import dispatch, struct_fields, wgsl
 from texelfit.codegen.schedule import build_schedule
 from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.graph import to_ir
