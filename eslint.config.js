@@ -10,8 +10,6 @@ import js from '@eslint/js';
 import globals from 'globals';
 
 const DIR = 'runtime_template/runtime';
-const DATA = ['MODEL', 'TEXTURES', 'KERNELS', 'ELEMENTWISE', 'GLSL_COMMON', 'SCHEDULE', 'WEIGHTS', 'WEIGHTS_FILE',
-  'WEIGHTS_FORMAT', 'INT_UNIFORMS', 'VOCAB', 'CPU_GENERATED'];
 
 // The names a module declares at its top level (function, class, const/let, and each of a const's list).
 function topLevelNames(text) {
@@ -27,6 +25,8 @@ function topLevelNames(text) {
 const files = fs.readdirSync(DIR).filter((f) => f.endsWith('.js') || f.endsWith('.js.j2')).sort();
 const texts = Object.fromEntries(files.map((f) => [f, fs.readFileSync(path.join(DIR, f), 'utf8')]));
 const declared = Object.fromEntries(files.map((f) => [f, topLevelNames(texts[f])]));
+// the bundle's data, which its template declares before the modules (MODEL, TEXTURES, ...)
+const DATA = topLevelNames(fs.readFileSync('runtime_template/bundle.js.j2', 'utf8'));
 
 export default [
   js.configs.recommended,

@@ -24,7 +24,7 @@ which takes a slot of as many storages, all of one size, from units of as many t
 
 Storage is allocated greedily in the order of first use: a texture takes the free storage that
 grows least (best fit), if it grows by less than the texture's own size, else a new one. The
-runtime (textures.js.j2, cpu.js.j2) makes one texture per storage and format, as large as the
+runtime (textures.js, cpu.js.j2) makes one texture per storage and format, as large as the
 largest of its textures in each dimension (after folding), and gives each of them that one.
 """
 from __future__ import annotations
@@ -143,7 +143,7 @@ def role_bytes(plan: LayoutPlan, storage: dict[str, int], trunk_bytes_per_sample
 # The memory a fit or a predict needs at its peak (report.json's "memory", MODEL.memory, createModel's
 # memoryBudget), in bytes of float32 texels (the float32 tier; rgba8 takes as many, float16 fewer):
 #   textures   every texture the runtime allocates at createModel (after sharing storage: role_bytes)
-#   readback   the largest pixel-pack buffer of the run (runtime/gpu.js.j2: read): a fit's block
+#   readback   the largest pixel-pack buffer of the run (runtime/gpu.js: read): a fit's block
 #              readback (the loss ring and a half of every weight and optimizer state texture), a
 #              predict's output at max_batch; the page holds a copy of it as it arrives
 #   snapshots  the CPU-side copies of weights and optimizer state kept for a lost context
@@ -153,7 +153,7 @@ def role_bytes(plan: LayoutPlan, storage: dict[str, int], trunk_bytes_per_sample
 #              input, labels and targets rows
 #   peak       textures + 2 * readback + snapshots + upload
 def state_textures(plan: LayoutPlan) -> list:
-    """The textures a snapshot holds (runtime/gpu.js.j2: stateTextureNames): every weight, and the
+    """The textures a snapshot holds (runtime/gpu.js: stateTextureNames): every weight, and the
     optimizer state (m:, v:) of those that train."""
     return [t for t in plan.textures.values() if t.role in ("param", "state")]
 

@@ -23,7 +23,7 @@ from .memory import plan_memory, plan_storage, planned_peak
 from .schedule import Schedule, serialize
 
 VERSION = "0.1.0"
-# The most bytes the runtime moves in one upload or one pixel-pack buffer (runtime/textures.js.j2:
+# The most bytes the runtime moves in one upload or one pixel-pack buffer (runtime/textures.js:
 # TRANSFER_PIECE): a snapshot, a restore or a readback of a large model goes in pieces of it.
 TRANSFER_PIECE_BYTES = 64 << 20
 
@@ -119,6 +119,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "textures": {
             "input": plan.tensor(graph.input),
             "output": out_spec.name,
+            # the textures of integer inputs (token ids): kept float32 in the float16 tier (ids must stay exact)
+            "ints": [plan.tensor(t) for t in graph.inputs if graph.dtype(t) != "float32"],
         },
         "params": params,
         # the planned peak bytes (of a fit; of a predict where nothing trains) and the largest texture's name and
@@ -176,11 +178,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "input_names": list(graph.inputs),
         "input_dtypes": [graph.dtype(t) for t in graph.inputs],
         "has_image": image is not None,  # fromImages' code (images.js) is rendered only then
-        "has_fold": any(t.fold for t in plan.textures.values()),  # (layout.blocked_fold) its code only then
         # token ids: toIds and checkIds (model.js.j2) are rendered only then
         "int_input": any(graph.dtype(t) != "float32" for t in graph.inputs),
-        # the textures of integer inputs: kept float32 in the float16 tier (ids must stay exact)
-        "int_textures_json": _js_json([plan.tensor(t) for t in graph.inputs if graph.dtype(t) != "float32"]),
         "has_tokenizer": tokenizer is not None,  # fromText's code (tokenizer.js) and VOCAB only then
         # fromText exists where the input is one sequence (T,): the tokenizer, or a stub that rejects
         # (no-tokenizer); an image model has none (its bundle stays as small as before)

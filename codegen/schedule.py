@@ -114,7 +114,7 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
 
 
 # Textures one pass may read: WebGL2 promises 16 texture units; the runtime uploads through the last
-# one (runtime/textures.js.j2: UPLOAD_UNIT), so that the passes' bindings stay between draws.
+# one (runtime/textures.js: UPLOAD_UNIT), so that the passes' bindings stay between draws.
 MAX_INPUTS = 15
 
 

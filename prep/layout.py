@@ -54,7 +54,7 @@ Where each element comes from in the source (PyTorch row-major) array is given b
 `Packing`: element (r, b, c) sits at (r // r2) * s_r1 + (r % r2) * s_r2 + b * s_b + c * s_c.
 That one rule packs NCHW images, [out, in] and [in, out] dense weights and conv weights alike.
 It is implemented once here (`pack`/`unpack`) and once in the runtime (`packTexels`/
-`unpackTexels` in runtime_template/runtime/textures.js.j2); the GLSL accessors read it. A
+`unpackTexels` in runtime_template/runtime/textures.js); the GLSL accessors read it. A
 round-trip test pins them together.
 
 Padding lanes and padding rows hold zeros, and the kernels keep them zero, so a padded lane

@@ -8,7 +8,7 @@ optimizer state and everything read back stay exact in rgba8), so it is held to 
                      significant digits, and a value that rounds across a kink (a ReLU at 0, two
                      near-equal maxima of a max-pool) flips a whole term of a gradient, so
                      elementwise bounds are the wrong measure. Measured with loss scaling by 1024
-                     (gpu.js.j2): at most 1.2e-3 over every case here.
+                     (gpu.js): at most 1.2e-3 over every case here.
 and must converge: the loss falls over 1,000 steps without a NaN.
 """
 from __future__ import annotations
