@@ -119,8 +119,6 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "textures": {
             "input": plan.tensor(graph.input),
             "output": out_spec.name,
-            # the textures of integer inputs (token ids): kept float32 in the float16 tier (ids must stay exact)
-            "ints": [plan.tensor(t) for t in graph.inputs if graph.dtype(t) != "float32"],
         },
         "params": params,
         # the planned peak bytes (of a fit; of a predict where nothing trains) and the largest texture's name and
@@ -137,6 +135,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         **({"inputName": graph.input, "inputDtype": graph.input_dtype, "idRange": graph.id_range(graph.input) or 1 << 24}
            if graph.input_dtype != "float32" else {}),
     }
+    ints = [plan.tensor(t) for t in graph.inputs if graph.dtype(t) != "float32"]
+    if ints:  # the textures of integer inputs (token ids): kept float32 in the float16 tier (ids must stay exact)
+        model["textures"]["ints"] = ints
     multi = len(graph.inputs) > 1
     if multi:  # a multi-input model: predict, fit and features take an object keyed by these names
         model["inputs"] = input_records(graph, plan)
@@ -168,7 +169,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "weights_file": file,
         "weights_file_json": _js_json(file),
         "weights_format_json": _js_json({"version": WEIGHTS_VERSION, "header": HEADER, "entry": ENTRY}),
-        "int_uniforms_json": _js_json([u for u, t in UNIFORM_TYPES.items() if t == "int"]),
+        # the int uniforms this bundle's kernels take
+        "int_uniforms_json": _js_json([u for u, t in UNIFORM_TYPES.items()
+                                       if t == "int" and any(u in k["uniforms"] for k in kernels)]),
         "input_shape": list(graph.input_shape),
         "output_shape": list(graph.output_shape),
         "param_names": [p.name for p in graph.params.values()],

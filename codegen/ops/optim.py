@@ -1,16 +1,15 @@
 """Optimizers: one pass per parameter tensor, writing the parameter and its state
 through multiple render targets into the other half of their ping-pong pairs.
 
-sgd    (gradient inputs), ANCHOR, P, M     -> P', M'      (torch.optim.SGD: momentum, dampening, nesterov,
-                                                           weight_decay)
-sgd0   (gradient inputs), ANCHOR, P        -> P'          (the same with momentum 0: torch neither reads nor
-                                                           writes the buffer then, so the pass fetches and
-                                                           writes a third less; the runtime picks it by momentum)
-adam   (gradient inputs), ANCHOR, P, M, V  -> P', M', V'  (torch.optim.Adam; AdamW with u_decoupled = 1)
+sgd    (gradient inputs), P0, P, M     -> P', M'      (torch.optim.SGD: momentum, dampening, nesterov, weight_decay)
+sgd0   (gradient inputs), P0, P        -> P'          (the same with momentum 0: torch neither reads nor
+                                                       writes the buffer then, so the pass fetches and
+                                                       writes a third less; the runtime picks it by momentum)
+adam   (gradient inputs), P0, P, M, V  -> P', M', V'  (torch.optim.Adam; AdamW with u_decoupled = 1)
 
-ANCHOR is the anchor of fit's proximal term (FedProx): the gradient gets u_mu * (P - ANCHOR), that of
-mu / 2 * ||w - w_start||^2. The schedule binds the parameter itself there (P - ANCHOR = 0, and u_mu is 0): a
-fit with `proximal` binds a texture of the weights it started from instead (runtime/model.js.j2:
+P0 is the anchor of fit's proximal term (FedProx), the weights the fit started from: the gradient gets
+u_mu * (P - P0), that of mu / 2 * ||w - w_start||^2. The schedule binds the parameter itself there (P - P0 = 0,
+and u_mu is 0): a fit with `proximal` binds a texture of its starting weights instead (runtime/model.js.j2:
 #optimizerOf), so a fit without one pays a texel fetch that hits the cache, and no memory. (A name no gradient
 kernel gives an input of its own: matmul_grad_weight reads an A.)
 
@@ -37,7 +36,7 @@ def optimizer_pass(opt, name, grad: Pass):
     state = {"sgd": [p, m], "sgd0": [p], "adam": [p, m, v]}[opt]
     g = grad.kernel
     consts = dict(g.consts, gradient=g.template.removesuffix(".glsl.j2"), stateless=opt == "sgd0")
-    k = Kernel(f"{opt} {g.name}", f"{opt.rstrip('0')}.glsl.j2", g.inputs + ("ANCHOR", "P", "M", "V")[: 1 + len(state)],
+    k = Kernel(f"{opt} {g.name}", f"{opt.rstrip('0')}.glsl.j2", g.inputs + ("P0", "P", "M", "V")[: 1 + len(state)],
                outputs=len(state), uniforms=g.uniforms + (_ADAM_UNIFORMS if opt == "adam" else _SGD_UNIFORMS),
                consts=consts)
     return [Pass(k, grad.inputs + [p] + state, state, "full", name, grad.values, grad.blocked)], state

@@ -62,7 +62,7 @@ function textureFormats(precision) {
   for (const spec of TEXTURES) {
     let f = precision === 'float32' ? 'f32' : 'rgba8';
     if (precision === 'float16' && (spec.role === 'activation' || spec.role === 'gradient') &&
-        spec.name !== MODEL.textures.output && !MODEL.textures.ints.includes(spec.name)) f = 'f16';
+        spec.name !== MODEL.textures.output && !MODEL.textures.ints?.includes(spec.name)) f = 'f16';
     formats.set(spec.name, f);
   }
   const lists = [SCHEDULE.forward, SCHEDULE.backward, ...Object.values(SCHEDULE.loss), ...Object.values(SCHEDULE.optimizer)];
