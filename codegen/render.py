@@ -181,7 +181,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "input_names": list(graph.inputs),
         "input_dtypes": [graph.dtype(t) for t in graph.inputs],
         "has_image": image is not None,  # fromImages' code (images.js) is rendered only then
-        # token ids: toIds and checkIds (model.js.j2) are rendered only then
+        # token ids: toIds (ids.js) is rendered only then
         "int_input": any(graph.dtype(t) != "float32" for t in graph.inputs),
         "has_tokenizer": tokenizer is not None,  # fromText's code (tokenizer.js) and VOCAB only then
         # fromText exists where the input is one sequence (T,): the tokenizer, or a stub that rejects

@@ -279,3 +279,11 @@ function filterOnCpu(item) {
   });
   return out;
 }
+
+// predict's and features' [image list or null, batch]: an image list's batch is its length (it may be left out)
+function sourcesBatch(x, batch) {
+  const list = imageList(x);
+  if (!list || batch === undefined) return [list, list ? list.length : batch];
+  if (batch !== list.length) throw new TexelfitError('bad-batch', `batch is ${describe(batch)} for ${list.length} image sources: leave it out`);
+  return [list, batch];
+}

@@ -1,0 +1,4 @@
+// ---- no image input (rendered in place of images.js' image list where MODEL.image is null) ------------
+
+// (no image input, MODEL.image is null: x is never a list of sources, and readImages is never reached)
+const imageList = () => null, sourcesBatch = (x, batch) => [null, batch];
