@@ -112,7 +112,7 @@ def _issue6_cnn():
 def test_shipped_runtime_is_compact(factory, shape):
     """The runtime ships without the templates' comments and indentation (codegen/render.py,
     codegen/kernels.py), with the GLSL common to all kernels once and only the CPU twins of the kernels
-    the schedule uses, which keeps the issue-6 benchmark models' bundles without weights under 37 KB
+    the schedule uses, which keeps the issue-6 benchmark models' bundles without weights under 37.5 KB
     gzip. The CNN's was 29.6 KB; choosing the CPU twins took 0.7 KB off; transfer learning (fit's
     trainable subset) added 0.9 KB and issue 18's option tables, error messages, loss feed and
     checkpoint scoping 3.5 KB: 33.5 KB; issue 17's weights loader (NAME.weights.bin, createModel({ weights }))
@@ -124,8 +124,11 @@ def test_shipped_runtime_is_compact(factory, shape):
     printed per kernel structure (CPU_GENERATED: here the two max-pool kernels, 0.74 KB, in place of their
     hand-written twins, 0.23 KB), 0.4 KB: 35.42 KB, under 36 KB; issue 34's federated-learning client (m.federate:
     join, the round's weights in, fit, the delta out as float32 or int8, heartbeats, errors) 0.98 KB (35,416 ->
-    36,393 bytes): the budget is raised by that, to 37,000; fit's proximal term (FedProx: an anchor input and u_mu
-    in each optimizer kernel, the anchors' textures) 0.45 KB (36,443 -> 36,894 bytes). The opening comment and each
+    36,393 bytes): the budget is raised by that, to 37,000; fit's proximal term (FedProx: an input P0 and u_mu in
+    each optimizer kernel, the anchors' textures) 0.45 KB (36,443 -> 36,894 bytes), and its PROXIMAL variants 0.15
+    KB (37,149 bytes: every optimizer kernel's source holds the term under #ifdef PROXIMAL, so that a fit without
+    one runs the programs it ran before, with no texel fetch more: on the batch-1 MLP the fetch cost an SGD step
+    about 10%, measured with bench/run.py): the budget is raised by that, to 37,500. The opening comment and each
     shader's kernel-name line stay."""
     import gzip
 
@@ -136,7 +139,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_000
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_500
 
 
 def test_compact_js_keeps_strings_and_template_literals():

@@ -8,10 +8,11 @@ sgd0   (gradient inputs), P0, P        -> P'          (the same with momentum 0:
 adam   (gradient inputs), P0, P, M, V  -> P', M', V'  (torch.optim.Adam; AdamW with u_decoupled = 1)
 
 P0 is the anchor of fit's proximal term (FedProx), the weights the fit started from: the gradient gets
-u_mu * (P - P0), that of mu / 2 * ||w - w_start||^2. The schedule binds the parameter itself there (P - P0 = 0,
-and u_mu is 0): a fit with `proximal` binds a texture of its starting weights instead (runtime/model.js.j2:
-#optimizerOf), so a fit without one pays a texel fetch that hits the cache, and no memory. (A name no gradient
-kernel gives an input of its own: matmul_grad_weight reads an A.)
+u_mu * (P - P0), that of mu / 2 * ||w - w_start||^2, in the program compiled with PROXIMAL defined. The schedule
+binds the parameter itself there, and its programs leave P0 unread; a fit with `proximal` runs the PROXIMAL
+variants (runtime/runner.js: variant) with a texture of its starting weights bound as P0 (runtime/model.js.j2:
+#optimizerOf). So a fit without one runs the programs it ran before and takes no memory. (P0: a name no gradient
+kernel gives an input of its own; matmul_grad_weight reads an A.)
 
 The pass also computes the gradient it applies: it includes the parameter's gradient kernel
 (dense_grad_weight, conv_grad_bias, ...) as a function and reads that kernel's inputs. So a

@@ -96,6 +96,19 @@ class Runner {
     };
   }
 
+  // Pass r (resolved) reading `inputs`, as a program of its own whose source has `defines` first: a variant
+  // (fit's proximal term: PROXIMAL, ops/optim.py), compiled when first needed as the others are.
+  variant(r, inputs, defines) {
+    const { kernel, source } = this.units[r.unit];
+    const variant = source.replace('\n', '\n' + defines); // after #version
+    if (!this.unitIndex.has(variant)) {
+      this.unitIndex.set(variant, this.units.length);
+      this.units.push({ kernel, source: variant });
+      this.programs?.push(null);
+    }
+    return { ...r, unit: this.unitIndex.get(variant), program: null, fbos: [], inputs };
+  }
+
   // Programs are compiled when first needed: the forward's at createModel (where a shader that
   // fails to compile is reported), a training step's or gradients' at the start of fit() or
   // gradients() (prepare). So a model that trains with SGD never compiles Adam's programs nor the
