@@ -14,7 +14,7 @@ from loads of its input textures at computed texel coordinates, in the channel-p
 
 Expressions are trees of `X` nodes: constants (Python ints and floats lift to int and float), shape constants
 (`k.sym(name, value)`: a literal in GLSL, read from the kernel's constants in JavaScript), `ROW`, `COL`,
-`uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `to_float(i)`, arithmetic (a vec4
+`uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `to_float(i)`, `to_int(f)`, arithmetic (a vec4
 with a float broadcasts), exp, log, sqrt, abs, maximum, minimum, comparisons (`a.eq(b)`, `a.ne(b)` for == and !=), & and | of bools,
 `select(cond, a, b)`, `dot`, `hmax`, `hsum`, and
 `valid(cols, j)`: 1.0 in each lane of channel texel j that holds one of `cols` channels, 0.0 in padding lanes
@@ -108,6 +108,14 @@ def to_float(i) -> X:
     if i.type != "int":
         raise TypeError(f"kl: to_float of a {i.type}")
     return X("float_of", (i,), type="float")
+
+
+def to_int(f) -> X:
+    """A float's integer part (toward zero): an exact integer stored as a float (an id) as an int."""
+    f = lift(f)
+    if f.type != "float":
+        raise TypeError(f"kl: to_int of a {f.type}")
+    return X("int_of", (f,), type="int")
 
 
 ROW = X("row", type="int")

@@ -74,6 +74,8 @@ def _glsl(e: X) -> str:
         return f"vec4({a[0]})"
     if op == "float_of":
         return f"float({a[0]})"
+    if op == "int_of":
+        return f"int({a[0]})"
     if op in _LOGIC or op in _ARITH or op == "neg":
         return _infix(op, a)
     if op in ("exp", "log", "sqrt", "abs", "max", "min", "dot"):
@@ -223,6 +225,8 @@ class _JS:
             return f"({v}[0] + {v}[1] + {v}[2] + {v}[3])"
         if op == "float_of":
             return self.scalar(e.args[0])
+        if op == "int_of":
+            return f"Math.trunc({self.scalar(e.args[0])})"
         return self._op(e, [self.scalar(x) for x in e.args])
 
     def _op(self, e: X, a: list[str]) -> str:

@@ -78,6 +78,8 @@ def _w(e: X) -> str:
         return f"vec4<f32>({a[0]})"
     if op == "float_of":
         return f"f32({a[0]})"
+    if op == "int_of":
+        return f"i32({a[0]})"
     if op == "neg":
         return f"(-{a[0]})"
     if op in ("max", "min"):  # WGSL's take two of one type

@@ -104,3 +104,16 @@ def test_integer_arithmetic_and_cross_lane_ops():
             np.testing.assert_allclose(got[row, col], ref)
     src = glsl(k)
     assert "int q = (_p.x / 3);" in src and "((q > r) ? v : vec4(dot(v, v)))" in src and "_hmax(v)" in src
+
+
+def test_to_int_truncates_a_float_toward_zero():
+    """to_int: an id stored as a float read as an int (GLSL int(), JavaScript Math.trunc), here used as a row."""
+    k = kl.KernelDef()
+    i = k.let("i", kl.to_int(kl.lane(load("X", ROW, COL), 0)))
+    k.out(kl.splat(kl.to_float(i)))
+    with pytest.raises(TypeError, match="to_int of a int"):
+        kl.to_int(ROW)
+    tex = np.array([[[2.0, 0, 0, 0], [2.75, 0, 0, 0], [-1.5, 0, 0, 0]]], dtype=np.float32)
+    got = _run_js(k, {"X": tex}, 3, 1)
+    np.testing.assert_array_equal(got[0, :, 0], [2.0, 2.0, -1.0])
+    assert "int i = int(getX(_p.y, _p.x)[0]);" in glsl(k)

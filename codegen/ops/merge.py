@@ -2,14 +2,56 @@
 
 concat     concat_forward  X0, X1, ... -> Y          rows: batch   (channel axis)
            concat_grad     DY          -> dX_i       rows: batch   (one slice per input)
+           (written in the kernel language, codegen/kl.py: a lane of an output texel is a channel of its own,
+           read from the part that holds it; padding lanes stay zero)
 grad_sum   grad_sum        G0, G1, ... -> dT         rows: batch   (a tensor with several consumers)
 """
 from __future__ import annotations
 
 from texelfit.prep.layout import ceil_div
 
+from .. import kl
 from ..kernels import Kernel, Pass
+from ..kl import COL, ROW, lane, load, splat
 from .common import chw, grad_target
+
+
+def _forward_kl(channels: list[int]) -> kl.KernelDef:
+    """Channel ch of Y is channel ch - start of the part whose [start, end) holds it (the ranges are disjoint:
+    one when a part, at most one taken a lane)."""
+    k = kl.KernelDef()
+    c4 = k.sym("c4", ceil_div(sum(channels), 4))
+    b = k.let("b", COL // c4)
+    cc = k.let("cc", COL - b * c4)
+    v = k.let("v", splat(0.0))
+    with k.loop("j", 4) as j:
+        ch = k.let("ch", cc * 4 + j)
+        start = 0
+        for i, n in enumerate(channels):
+            s, e, p4 = k.syms(**{f"start{i}": start, f"end{i}": start + n, f"c4_{i}": ceil_div(n, 4)})
+            with k.when(ch < e if i == 0 else (ch >= s) & (ch < e)):
+                q = k.let(f"q{i}", ch - s)
+                k.set_lane(v, j, lane(load(f"X{i}", ROW, b * p4 + q // 4), q % 4))
+            start += n
+    k.out(v)
+    return k
+
+
+def _grad_kl(start: int, channels: int, total: int) -> kl.KernelDef:
+    """dX = dY[:, start:start + channels]."""
+    k = kl.KernelDef()
+    start, channels, c4, y_c4 = k.syms(start=start, channels=channels, c4=ceil_div(channels, 4),
+                                       y_c4=ceil_div(total, 4))
+    b = k.let("b", COL // c4)
+    cc = k.let("cc", COL - b * c4)
+    v = k.let("v", splat(0.0))
+    with k.loop("j", 4) as j:
+        i = k.let("i", cc * 4 + j)
+        with k.when(i < channels):
+            ch = k.let("ch", i + start)
+            k.set_lane(v, j, lane(load("DY", ROW, b * y_c4 + ch // 4), ch % 4))
+    k.out(v)
+    return k
 
 
 def forward(layer, graph, plan):
@@ -19,8 +61,8 @@ def forward(layer, graph, plan):
         ch = chw(graph.shapes[t])[0]
         parts.append({"name": f"X{i}", "start": start, "end": start + ch, "channels": ch, "c4": ceil_div(ch, 4)})
         start += ch
-    k = Kernel(f"concat_forward {'+'.join(str(p['channels']) for p in parts)}", "concat_forward.glsl.j2",
-               tuple(p["name"] for p in parts), consts={"parts": parts, "channels": start, "c4": ceil_div(start, 4)})
+    k = Kernel(f"concat_forward {'+'.join(str(p['channels']) for p in parts)}", "kl",
+               tuple(p["name"] for p in parts), kl=_forward_kl([p["channels"] for p in parts]))
     return [Pass(k, [plan.tensor(t) for t in layer.inputs], [y], "batch", layer.name)]
 
 
@@ -31,8 +73,7 @@ def backward(layer, graph, plan):
         ch = chw(graph.shapes[t])[0]
         target = grad_target(plan, layer, slot)
         if target:
-            k = Kernel(f"concat_grad {start}:{start + ch} of {total}", "concat_grad.glsl.j2", ("DY",),
-                       consts={"start": start, "channels": ch, "c4": ceil_div(ch, 4), "y_c4": ceil_div(total, 4)})
+            k = Kernel(f"concat_grad {start}:{start + ch} of {total}", "kl", ("DY",), kl=_grad_kl(start, ch, total))
             passes.append(Pass(k, [plan.grad(layer.outputs[0])], [target], "batch", layer.name))
         start += ch
     return passes
