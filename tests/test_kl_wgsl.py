@@ -50,17 +50,43 @@ class Tokens(nn.Module):
         return self.b(y).amax(1) + y.sum(1).mean(1, keepdim=True)
 
 
-MODELS = {"pools": (Pools, (3, 11, 9)), "tokens": (Tokens, (5, 7))}
+class Merges(nn.Module):
+    """A concat on the channels, a flatten, a dropout: the layout ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 5, 3, padding=1), nn.Conv2d(3, 2, 1)
+        self.drop = nn.Dropout(0.3)
+        self.head = nn.Linear(7 * 6 * 5, 6)
+
+    def forward(self, x):
+        y = torch.relu(torch.cat([self.a(x), self.b(x)], 1))
+        return self.head(self.drop(torch.flatten(y, 1)))
+
+
+class Embedded(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(11, 6), nn.Linear(6, 3)
+
+    def forward(self, ids):  # (T,) ids
+        return self.head(self.emb(ids)).mean(1)
+
+
+MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
+          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (4,), "int64")}
 
 
 def kl_passes(name):
-    factory, shape = MODELS[name]
+    """The passes of every distinct kernel written in the kernel language that the model's forward, backward and
+    losses schedule, with the layout plan."""
+    factory, shape, dtype = MODELS[name]
     torch.manual_seed(0)
-    graph = fold_batchnorm(to_ir(export_simplified(factory(), shape), shape))
+    graph = fold_batchnorm(to_ir(export_simplified(factory(), shape, input_dtype=dtype), shape, dtype))
     plan = plan_layout(graph, BATCH)
     s = build_schedule(graph, plan)
     seen, out = set(), []
-    for p in s.forward + s.backward:
+    for p in s.forward + s.backward + [p for passes in s.loss.values() for p in passes]:
         if p.kernel.kl is not None and p.kernel.name not in seen:
             seen.add(p.kernel.name)
             out.append((p, plan))
@@ -138,11 +164,19 @@ console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
     return [np.array(o, dtype=np.float64) for o in json.loads(got)]
 
 
+# what each model schedules among the kernels written in the kernel language (a family migrated to it joins here)
+EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward", "global_avgpool_grad",
+                      "log_softmax_forward", "maxpool_forward", "maxpool_grad"},
+            "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad"},
+            "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad"},
+            "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"}}
+
+
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
     passes = kl_passes(model)
     kinds = {p.kernel.name.split(" ")[0] for p, _ in passes}
-    assert kinds, "the model schedules kernels written in the kernel language"
+    assert kinds >= EXPECTED[model], f"{model} schedules {sorted(kinds)}"
     rng = np.random.default_rng(1)
     for p, plan in passes:
         k, names = p.kernel, p.kernel.inputs
