@@ -23,6 +23,9 @@ from .errors import BuildError
 from .ir import Graph, Layer, Param
 from . import onnx_shape, resample
 from .lower import LOWERINGS, lower
+# the modules that register LOWERINGS entries: Einsum, DepthToSpace, SpaceToDepth, CumSum; InstanceNormalization
+# (they import lower.py, which imports neither: no cycle)
+from . import lower_ops, normalization  # noqa: F401
 from .load import ALIASES_KEY, INPUT_DTYPES, PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_SHAPES_KEY, TIED_KEY, \
     TRANSPOSED_KEY, initializer_arrays
 from .shape import Constant, chain_shape, part_shape

@@ -10,8 +10,8 @@ pruning and layout are those of the ops it becomes. Supporting such an op is one
     LOWERINGS["MyOp"] = _my_op
 
 An entry may raise BuildError naming the op, the node and what is unsupported. An entry defined in
-another module registers itself at that module's import; import it at the end of this file, so that
-prep/graph.py's SUPPORTED_OPS (which reads this table) sees it.
+another module registers itself at that module's import; prep/graph.py imports it (beside lower_ops and
+normalization), so that its SUPPORTED_OPS, which reads this table, sees it (tests/test_imports.py: no cycle).
 
 `ctx.shape(name)` is a tensor's shape from ONNX shape inference (of the model before any lowering, its
 inputs given their per-sample shapes): the batch axis, the only dynamic one, is the string "N"; a Reshape
@@ -185,5 +185,3 @@ def lower(model, input_shapes=None):
     return out
 
 
-from . import lower_ops  # noqa: E402,F401  (registers Einsum, DepthToSpace, SpaceToDepth, CumSum)
-from . import normalization  # noqa: E402,F401  (registers InstanceNormalization)
