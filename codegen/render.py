@@ -96,7 +96,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
                  **({"fold": t.fold} if t.fold else {})}  # (layout.blocked_fold)
                 for t in plan.textures.values()]
     out_spec = plan.textures[plan.tensor(graph.output)]
-    # a column-blocked conv forward's draws (Pass.wide): the runtime's choice between them is rendered only then
+    # a column-blocked conv forward's draws (Pass.wide): MODEL.columnParts, which the runtime chooses by, only then
     wide = any(p.wide is not None for p in schedule.forward)
     model = {
         "name": name,
@@ -158,7 +158,6 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         # the CPU functions of the kernels written in the kernel language (codegen/kl_print.py)
         "cpu_generated": generated,
         "transfer_piece_bytes": transfer_piece_bytes,
-        "wide_passes": wide,
         "aliases": bool(graph.aliases),
         "glsl_common_json": _js_json(render_common()),
         "schedule_json": _js_json(sched),
