@@ -65,14 +65,28 @@ import numpy as np
 
 from .elementwise import BINARY, NORMS, UNARY
 
+# Every IR op, by its group (above): the op lists below derive from it, and the op registry (prep/ops/) holds
+# one definition, its rules, for each op named here (a missing one fails when prep/ops is imported)
+GROUPS: dict[str, tuple[str, ...]] = {
+    "parametric": ("dense", "conv", "conv_transpose", "matmul", "layernorm", "embedding"),
+    "folded away": ("batchnorm",),
+    "elementwise": tuple(UNARY) + tuple(BINARY) + tuple(NORMS),
+    "reducing": ("reduce",),
+    "normalising": ("softmax", "log_softmax"),
+    "pooling": ("maxpool", "avgpool", "global_avgpool"),
+    "resampling": ("resample",),
+    "training": ("dropout",),
+    "merging": ("concat",),
+    "layout": ("flatten", "gather"),
+}
+GROUP_OF: dict[str, str] = {op: g for g, ops in GROUPS.items() for op in ops}
 ACTIVATIONS = tuple(UNARY)
-ELEMENTWISE = ACTIVATIONS + tuple(BINARY) + tuple(NORMS)
-POOLS = ("maxpool", "avgpool", "global_avgpool")
-REDUCE = ("reduce",)
-SOFTMAX = ("softmax", "log_softmax")
+ELEMENTWISE = GROUPS["elementwise"]
+POOLS = GROUPS["pooling"]
+REDUCE = GROUPS["reducing"]
+SOFTMAX = GROUPS["normalising"]
 WEIGHTED = ("dense", "conv", "conv_transpose")  # a weight, a bias, a fused activation (prep/fuse.py)
-OPS = WEIGHTED + ("matmul", "layernorm", "embedding", "batchnorm", "flatten", "gather", "concat", "resample", "dropout") + \
-    ELEMENTWISE + POOLS + SOFTMAX + REDUCE
+OPS = tuple(GROUP_OF)
 
 
 @dataclass

@@ -73,15 +73,14 @@ import numpy as np
 
 from .elementwise import passes_gradient
 from .ir import ELEMENTWISE, WEIGHTED, Graph, operands
+from .ops import opdef
+from .packing import (Packing, activation_packing, ceil_div, chw, conv_weight_packing, conv_weight_shape,  # noqa: F401
+                      matrix_packing, pack, samples_last_packing, unpack)
 
 LOSS_RING = 64  # steps of mean loss kept on the GPU between asynchronous readbacks
 CE_STATS = "ce_stats"  # a classifier's softmax max and sum a sample, for cross_entropy's passes (ops/loss.py)
 WEBGL2_MIN_TEXTURE_SIZE = 2048  # every WebGL2 device supports at least this
 LARGEST_TEXTURE_SIZE = 32768  # no WebGL2 device reports more
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # A classifier with at least CE_STATS_MIN_C4 texels of classes a sample (29 classes or more) computes its
@@ -96,33 +95,6 @@ CE_STATS_MIN_C4 = 8
 def ce_stats(classes: int) -> bool:
     """Whether cross_entropy over `classes` logits has its softmax statistics pass (CE_STATS_MIN_C4)."""
     return ceil_div(classes, 4) >= CE_STATS_MIN_C4
-
-
-@dataclass(frozen=True)
-class Packing:
-    rows: int
-    r2: int
-    blocks: int
-    chans: int
-    s_r1: int
-    s_r2: int
-    s_b: int
-    s_c: int
-
-    @property
-    def c4(self) -> int:
-        return ceil_div(self.chans, 4)
-
-    @property
-    def width(self) -> int:
-        return self.blocks * self.c4
-
-    @property
-    def size(self) -> int:
-        return self.rows * self.blocks * self.chans
-
-    def to_json(self) -> list[int]:
-        return [self.rows, self.r2, self.blocks, self.chans, self.s_r1, self.s_r2, self.s_b, self.s_c]
 
 
 def flattens_in_place(layer, graph: Graph) -> bool:
@@ -183,14 +155,6 @@ def gather_is_view(layer, graph: Graph) -> bool:
     return chw(src) == chw(out) and gather_part_views(layer, graph, part) == []
 
 
-def chw(shape: tuple[int, ...]) -> tuple[int, int, int]:
-    """(C, H, W) of a per-sample shape: (C, H, W) itself; tokens (R, F) as F x R x 1 (the last axis in
-    the texel, a texture row a token); any other is flat data: (F,) as F x 1 x 1."""
-    if len(shape) == 2:
-        return (int(shape[1]), int(shape[0]), 1)
-    return tuple(shape) if len(shape) == 3 else (int(np.prod(shape)), 1, 1)
-
-
 def storage_strides(shape: tuple[int, ...]) -> list[int]:
     """The stride of each logical axis of a per-sample shape in its stored order, the flat index
     (c * H + h) * W + w of chw(shape)."""
@@ -198,37 +162,6 @@ def storage_strides(shape: tuple[int, ...]) -> list[int]:
     if len(shape) == 2:
         return [1, int(shape[0])]
     return [int(np.prod(shape[i + 1:])) for i in range(len(shape))]
-
-
-def activation_packing(shape: tuple[int, ...], batch: int) -> Packing:
-    """NCHW with `batch` samples (shapes other than CHW as flat data, see chw); tokens (R, F) from their
-    row-major [N, R, F]."""
-    if len(shape) == 2:
-        r, f = (int(d) for d in shape)
-        return Packing(batch * r, r, 1, f, r * f, f, 0, 1)
-    c, h, w = chw(shape)
-    return Packing(batch * h, h, w, c, c * h * w, w, 1, h * w)
-
-
-def samples_last_packing(shape: tuple[int, ...], batch: int) -> Packing:
-    """A per-sample tensor with the samples as channels: rows (c, h), blocks w, channels n."""
-    c, h, w = chw(shape)
-    return Packing(c * h, h, w, batch, h * w, w, 1, c * h * w)
-
-
-def matrix_packing(rows: int, cols: int, transposed: bool = False) -> Packing:
-    """M[rows, cols] stored row-major, or stored as its transpose [cols, rows]."""
-    return Packing(rows, 1, 1, cols, 1 if transposed else cols, 0, 0, rows if transposed else 1)
-
-
-def conv_weight_shape(w: np.ndarray) -> tuple[int, int, int, int]:
-    """[OC, ICg, KH, KW] of a conv weight; a Conv1d's [OC, ICg, K] is [OC, ICg, 1, K] (prep/graph.py)."""
-    return tuple(w.shape) if w.ndim == 4 else (w.shape[0], w.shape[1], 1, w.shape[2])
-
-
-def conv_weight_packing(oc: int, icg: int, kh: int, kw: int) -> Packing:
-    """W[OC, ICg, KH, KW]: texel (kw * ceil(OC/4) + o4, kh * ICg + j) holds W[4*o4 .. 4*o4+3, j, kh, kw]."""
-    return Packing(kh * icg, icg, kw, oc, kw, kh * kw, 1, icg * kh * kw)
 
 
 # A dense or conv layer with at least this many multiply-adds per sample computes SAMPLE_BLOCK (8)
@@ -362,29 +295,6 @@ def split_k(layer, graph: Graph) -> int:
     in4 = ceil_div(graph.shapes[layer.inputs[0]][0], 4)
     parts = min(SPLIT_MAX_PARTS, ceil_div(in4, SPLIT_CHUNK))
     return parts if parts >= SPLIT_MIN_PARTS else 0
-
-
-def _source_index(p: Packing) -> np.ndarray:
-    r = np.arange(p.rows)[:, None, None]
-    b = np.arange(p.blocks)[None, :, None]
-    c = np.arange(p.chans)[None, None, :]
-    return (r // p.r2) * p.s_r1 + (r % p.r2) * p.s_r2 + b * p.s_b + c * p.s_c
-
-
-def pack(source: np.ndarray, p: Packing, height: int | None = None) -> np.ndarray:
-    """Source array (any shape, row-major) -> texel data of shape (height, width, 4)."""
-    src = np.asarray(source, dtype=np.float32).reshape(-1)
-    out = np.zeros((height or p.rows, p.blocks, p.c4 * 4), dtype=np.float32)
-    out[: p.rows, :, : p.chans] = src[_source_index(p)]
-    return out.reshape(height or p.rows, p.width, 4)
-
-
-def unpack(texels: np.ndarray, p: Packing) -> np.ndarray:
-    """Texel data -> the flat source array."""
-    t = np.asarray(texels, dtype=np.float32).reshape(-1, p.blocks, p.c4 * 4)
-    out = np.zeros(p.size, dtype=np.float32)
-    out[_source_index(p)] = t[: p.rows, :, : p.chans]
-    return out
 
 
 @dataclass(frozen=True)
@@ -576,34 +486,10 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     for p in graph.params.values():
         layer = next(l for l in graph.layers if p.name in l.params.values())
         role = next(r for r, n in layer.params.items() if n == p.name)
-        if role == "bias" or layer.op == "layernorm":  # per feature vectors: one row
-            packing = matrix_packing(1, p.array.size)
-            height = 1
-        elif layer.op == "matmul" and layer.attrs.get("weight_rows") == "out":
-            # a tied embedding table read as the weight [O, I]: the table's layout, I in the texel (prep.graph)
-            o, i = p.canonical().shape
-            packing = matrix_packing(o, i)
-            height = o
-        elif layer.op == "matmul":  # B[I, O] of x @ B, O in the texel (canonical() is [O, I])
-            o, i = p.canonical().shape
-            packing = matrix_packing(i, o, not p.transposed)
-            height = i
-        elif layer.op == "embedding":  # the table W[V, F]: a row an id, F in the texel (folded when V is large)
-            packing = matrix_packing(*p.array.shape)
-            height = p.array.shape[0]
-        elif layer.op in ELEMENTWISE or layer.op == "gather":
-            # an operand (a PRelu slope, a layer scale) or a gather's part (a class token): one sample of its shape
-            shape = next(o["shape"] for o in (operands(layer, graph) if layer.op != "gather" else
-                                              layer.attrs["parts"]) if role in (o.get("role"), o.get("param")))
-            packing = activation_packing(tuple(shape), 1)
-            height = packing.rows
-        elif layer.op in ("conv", "conv_transpose"):  # a transposed conv's [IC, OCg, KH, KW] as a conv's
-            packing = conv_weight_packing(*conv_weight_shape(p.array))
-            height = packing.rows
-        else:
-            o, i = p.canonical().shape
-            packing = matrix_packing(o, i, p.transposed)
-            height = ceil_div(o, 4) * 4
+        if role == "bias":  # per feature vectors: one row
+            packing, height = matrix_packing(1, p.array.size), 1
+        else:  # the op's rule (prep/ops/)
+            packing, height = opdef(layer.op).weight_layout(layer, graph, p, role)
         if not graph.is_trainable(p.name):  # frozen: the weight alone, never written, so not double-buffered
             add(TextureSpec("param:" + p.name, "param", tuple(p.array.shape), packing, height))
             continue

@@ -41,15 +41,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .ir import ELEMENTWISE, POOLS, SOFTMAX, Graph, Layer, operands
+from .channel_groups import Groups, Seg
 from .errors import BuildError
-
-
-@dataclass(frozen=True)
-class Seg:
-    group: int
-    n: int  # channels of the group
-    rep: int  # consecutive entries of the axis per channel
+from .ir import Graph
+from .ops import opdef
 
 
 @dataclass
@@ -105,79 +100,11 @@ def check_ratio(ratio) -> float:
     return r
 
 
-class _Groups:
-    """Union-find over channel groups, each with its size, producers and a reason to stay whole."""
-
-    def __init__(self):
-        self.parent: list[int] = []
-        self.n: list[int] = []
-        self.producers: list[list[Layer]] = []
-        self.reason: list[str | None] = []
-
-    def new(self, n: int, producer: Layer | None = None, reason: str | None = None) -> int:
-        self.parent.append(len(self.parent))
-        self.n.append(n)
-        self.producers.append([producer] if producer else [])
-        self.reason.append(reason)
-        return len(self.parent) - 1
-
-    def find(self, g: int) -> int:
-        while self.parent[g] != g:
-            self.parent[g] = self.parent[self.parent[g]]
-            g = self.parent[g]
-        return g
-
-    def union(self, a: int, b: int) -> None:
-        a, b = self.find(a), self.find(b)
-        if a == b:
-            return
-        assert self.n[a] == self.n[b]
-        self.parent[b] = a
-        self.producers[a] += self.producers[b]
-        self.reason[a] = self.reason[a] or self.reason[b]
-
-    def fix(self, g: int, reason: str) -> None:
-        r = self.find(g)
-        self.reason[r] = self.reason[r] or reason
-
-
-def _channels_of(shape) -> int:
-    return int(shape[0]) if len(shape) in (2, 3) else int(np.prod(shape))  # the first axis, as apply_prune cuts
-
-
-def _channels(axis) -> int:
-    return sum(s.n * s.rep for s in axis)
-
-
-def _gather_axis(layer, graph: Graph, axes, gs: _Groups) -> tuple[Seg, ...]:
-    """The channel axis of a gather's output (prep/shape.py). One that only slices or pads H and W of
-    (C, H, W) inputs keeps their channels: it passes their selection through, joining those of several
-    inputs as an add does. Any other (a reshape, a permutation, a slice or concatenation of channels, a
-    constant part) moves channels where a selection cannot follow: its inputs stay whole, and its output
-    is a new group that stays whole."""
-    parts, out = layer.attrs["parts"], graph.shapes[layer.outputs[0]]
-    ins = [axes[t] for t in layer.inputs]
-    spatial = len(out) == 3 and all(len(graph.shapes[t]) == 3 for t in layer.inputs) and all(
-        p["input"] is not None and all(op[0] in ("slice", "pad", "flip") and op[1] != 0 for op in p["ops"]) for p in parts)
-    if spatial and all(len(x) == len(ins[0]) and all((a.n, a.rep) == (b.n, b.rep) for a, b in zip(x, ins[0]))
-                       for x in ins):
-        for x in ins[1:]:
-            for a, b in zip(ins[0], x):
-                gs.union(a.group, b.group)
-        return ins[0]
-    why = f"shape op {layer.name!r} moves channels"
-    for x in ins:
-        for seg in x:
-            gs.fix(seg.group, why)
-    n = out[0] if out else 1
-    return (Seg(gs.new(n, reason=why), n, 1),)
-
-
 def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
     ratio = check_ratio(ratio)
     if not isinstance(round_to, int) or round_to < 1:
         raise BuildError(f"round_to must be a positive integer, got {round_to!r}")
-    gs = _Groups()
+    gs = Groups()
     axes: dict[str, tuple[Seg, ...]] = {t: (Seg(gs.new(graph.shapes[t][0], reason="model input"), graph.shapes[t][0], 1),)
                                         for t in graph.inputs}
     for layer in graph.layers:
@@ -186,72 +113,7 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
             n = graph.shapes[out][0]
             axes[out] = (Seg(gs.new(n, reason="a constant"), n, 1),)
             continue
-        x = axes[layer.inputs[0]]
-        if layer.op == "dense":
-            n = graph.shapes[out][0]
-            axes[out] = (Seg(gs.new(n, layer), n, 1),)
-        elif layer.op == "conv":
-            groups, c_in, oc = layer.attrs["groups"], _channels(x), graph.shapes[out][0]
-            if groups == 1:
-                axes[out] = (Seg(gs.new(oc, layer), oc, 1),)
-            elif groups == c_in:  # depthwise (channel multiplier oc / c_in): passes its input's selection
-                m = oc // c_in
-                axes[out] = tuple(Seg(s.group, s.n, s.rep * m) for s in x)
-            else:
-                why = f"grouped conv {layer.name!r} (groups={groups}) is not pruned"
-                for s in x:
-                    gs.fix(s.group, why)
-                axes[out] = (Seg(gs.new(oc, layer, reason=why), oc, 1),)
-        elif layer.op == "conv_transpose":  # neither its inputs nor its outputs are pruned (not written yet)
-            why = f"transposed conv {layer.name!r} is not pruned"
-            for s in x:
-                gs.fix(s.group, why)
-            oc = graph.shapes[out][0]
-            axes[out] = (Seg(gs.new(oc, layer, reason=why), oc, 1),)
-        elif layer.op == "flatten":
-            hw = int(np.prod(graph.shapes[layer.inputs[0]][1:]))
-            axes[out] = tuple(Seg(s.group, s.n, s.rep * hw) for s in x)
-        elif layer.op in ELEMENTWISE and any(o["kind"] != "act" and o["shape"] and o["shape"][0] > 1
-                                             for o in operands(layer, graph)):
-            why = f"{layer.op} {layer.name!r} has a per-channel constant or parameter"
-            for t in layer.inputs:
-                for s in axes[t]:
-                    gs.fix(s.group, why)
-            axes[out] = x
-        elif layer.op in ELEMENTWISE and len(layer.inputs) == 2:  # channels combined are pruned together
-            y = axes[layer.inputs[1]]
-            if len(x) == len(y) and all((a.n, a.rep) == (b.n, b.rep) for a, b in zip(x, y)):
-                for a, b in zip(x, y):
-                    gs.union(a.group, b.group)
-            else:
-                for s in x + y:
-                    gs.fix(s.group, f"{layer.op} {layer.name!r} joins differently concatenated tensors")
-            axes[out] = x if _channels(x) >= _channels(y) else y
-        elif layer.op == "concat":
-            axes[out] = tuple(s for t in layer.inputs for s in axes[t])
-        elif layer.op == "gather":
-            axes[out] = _gather_axis(layer, graph, axes, gs)
-        elif layer.op == "reduce" and 0 in layer.attrs["axes"]:  # mixes the channels
-            for s in x:
-                gs.fix(s.group, f"reduce {layer.name!r} is over the channels")
-            axes[out] = (Seg(gs.new(_channels_of(graph.shapes[out]), reason="a reduction over the channels"),
-                             _channels_of(graph.shapes[out]), 1),)
-        elif layer.op == "reduce" and len(graph.shapes[layer.inputs[0]]) != 3:
-            for s in x:
-                gs.fix(s.group, f"reduce {layer.name!r} is not over (C, H, W) data")
-            axes[out] = (Seg(gs.new(_channels_of(graph.shapes[out]), reason="a reduction"),
-                             _channels_of(graph.shapes[out]), 1),)
-        elif layer.op in ("matmul", "layernorm", "embedding"):  # token ops (R, F): not pruned
-            why = f"{layer.op} {layer.name!r} works on tokens, which are not pruned"
-            for t in layer.inputs:
-                for s in axes[t]:
-                    gs.fix(s.group, why)
-            n = _channels_of(graph.shapes[out])
-            axes[out] = (Seg(gs.new(n, reason=why), n, 1),)
-        elif layer.op in ELEMENTWISE + POOLS + SOFTMAX + ("batchnorm", "reduce", "resample", "dropout"):
-            axes[out] = x
-        else:
-            raise AssertionError(f"prune: op {layer.op!r} is not handled")
+        axes[out] = opdef(layer.op).prune(layer, graph, axes, gs)  # (prep/ops/: each op's rule)
     for s in axes[graph.output]:
         gs.fix(s.group, "it is the model output")
 
@@ -297,29 +159,8 @@ def apply_prune(graph: Graph, plan: PrunePlan) -> Graph:
         arr = np.ascontiguousarray(arr.T if p.transposed else arr, dtype=np.float32)
         params[pname] = dataclasses.replace(p, array=arr)
 
-    for layer in graph.layers:
-        x, out = (layer.inputs or [None])[0], layer.outputs[0]
-        attrs = layer.attrs
-        if layer.op in ("dense", "conv"):
-            groups = attrs.get("groups", 1)
-            c_in = graph.shapes[x][0]
-            ok, ik = plan.kept(out), plan.kept(x)
-            if layer.op == "conv" and groups == c_in and groups > 1:  # depthwise: weight [OC, 1, kh, kw]
-                cut(layer.params["weight"], ok)
-                attrs = dict(attrs, groups=len(ik))
-            elif layer.op == "conv" and groups != 1:  # other grouped convs stay whole
-                assert len(ok) == graph.shapes[out][0] and len(ik) == c_in
-            else:
-                cut(layer.params["weight"], ok, ik)
-            if "bias" in layer.params:
-                cut(layer.params["bias"], ok)
-        elif layer.op == "batchnorm":
-            k = plan.kept(x)
-            attrs = dict(attrs, **{s: np.asarray(attrs[s])[k] for s in ("scale", "bias", "mean", "var")})
-        elif "operands" in attrs:  # the activation operands' channels as kept
-            attrs = dict(attrs, operands=[dict(o, shape=[len(plan.kept(layer.inputs[o["input"]]))] + o["shape"][1:])
-                                          if o["kind"] == "act" else o for o in attrs["operands"]])
-        layers.append(dataclasses.replace(layer, attrs=attrs))
+    for layer in graph.layers:  # each op's rule (prep/ops/) cuts its weights and gives its attrs
+        layers.append(dataclasses.replace(layer, attrs=opdef(layer.op).cut(layer, graph, plan, cut)))
 
     shapes = {}
     for t, s in graph.shapes.items():

@@ -14,53 +14,15 @@ and the blob's header and checksum.
 """
 from __future__ import annotations
 
-from texelfit.prep.ir import ELEMENTWISE, SOFTMAX, Graph
+from texelfit.prep.ir import Graph
 from texelfit.prep.layout import LayoutPlan
+from texelfit.prep.ops import opdef
 from texelfit.prep.quantize import HEADER, TRAILER, Quantized
 
 
 def flops(layer, graph: Graph) -> int:
-    out = graph.shapes[layer.outputs[0]]
-    size = 1
-    for d in out:
-        size *= d
-    extra = size * (("bias" in layer.params) + ("act" in layer.attrs))
-    if layer.op == "dense":
-        return 2 * graph.shapes[layer.inputs[0]][0] * out[0] + extra
-    if layer.op == "matmul":  # (R, K) @ (K, P) a block: 2 * K multiply-adds an output
-        return 2 * graph.shapes[layer.inputs[0]][1] * size + extra
-    if layer.op == "layernorm":  # mean, variance, normalise, scale and shift
-        return 7 * size
-    if layer.op == "conv":
-        kh, kw = layer.attrs["kernel"]
-        c_in = graph.shapes[layer.inputs[0]][0]
-        return 2 * size * (c_in // layer.attrs["groups"]) * kh * kw + extra
-    if layer.op == "dropout":  # in training steps
-        return size
-    if layer.op == "resample":  # a multiply-add a tap
-        return 2 * size * max(len(t) for t in layer.attrs["rows"]) * max(len(t) for t in layer.attrs["cols"])
-    if layer.op == "conv_transpose":
-        return 2 * graph.macs(layer) + extra
-    if layer.op in ("maxpool", "avgpool"):
-        kh, kw = layer.attrs["kernel"]
-        return size * kh * kw
-    if layer.op == "global_avgpool":
-        c, h, w = graph.shapes[layer.inputs[0]]
-        return c * h * w
-    if layer.op in ELEMENTWISE:
-        return size
-    if layer.op == "reduce":  # every input element once
-        n = 1
-        for d in graph.shapes[layer.inputs[0]]:
-            n *= d
-        return n
-    if layer.op in SOFTMAX:  # max, exp, sum, divide (or subtract)
-        return 4 * size
-    if layer.op == "batchnorm":
-        return 2 * size
-    if layer.op in ("flatten", "concat", "gather", "embedding"):
-        return 0  # data movement only (gather: the shape ops; embedding: rows of its table)
-    raise AssertionError(f"report.flops: no rule for op {layer.op!r}")
+    """Forward FLOPs of one sample through `layer`: its op's rule (prep/ops/)."""
+    return opdef(layer.op).flops(layer, graph)
 
 
 def _owner_textures(layer, plan: LayoutPlan, params) -> list[str]:

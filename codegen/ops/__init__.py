@@ -19,17 +19,17 @@
 """
 from __future__ import annotations
 
-from texelfit.prep.ir import ELEMENTWISE, POOLS, SOFTMAX
+import importlib
 
-from . import conv, conv_transpose, dense, dropout, elementwise, embedding, gather, matmul, merge, pool, reduce, resample, reshape, softmax
+from texelfit.prep.ops import REGISTRY
+
+from . import merge
 from .loss import LOSSES, loss_passes
 from .optim import OPTIMIZERS, optimizer_pass
 
-FAMILIES = {"dense": dense, "conv": conv, "conv_transpose": conv_transpose, "matmul": matmul, "layernorm": matmul,
-            "embedding": embedding,
-            "concat": merge, "flatten": reshape, "gather": gather,
-            **{e: elementwise for e in ELEMENTWISE}, **{s: softmax for s in SOFTMAX}, **{p: pool for p in POOLS},
-            "reduce": reduce, "resample": resample, "dropout": dropout}
+# IR op -> the module above declaring its passes: each op's `kernels` (prep/ops/); none for an op folded away
+# before codegen (batchnorm)
+FAMILIES = {op: importlib.import_module(f"{__name__}.{d.kernels}") for op, d in REGISTRY.items() if d.kernels}
 
 
 def forward(layer, graph, plan):
