@@ -8,23 +8,45 @@ import os
 PREP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "prep")
 
 
+def _modules() -> dict[str, str]:
+    """prep's modules, subpackages' included ("ops" its __init__, "ops.conv"), to their files."""
+    mods = {}
+    for root, _, files in os.walk(PREP):
+        pkg = os.path.relpath(root, PREP).replace(os.sep, ".")
+        pkg = "" if pkg == "." else pkg
+        for f in files:
+            if f.endswith(".py"):
+                name = pkg if f == "__init__.py" else (pkg + "." if pkg else "") + f[:-3]
+                if name:
+                    mods[name] = os.path.join(root, f)
+    return mods
+
+
 def _graph() -> dict[str, set[str]]:
-    mods = {f[:-3] for f in os.listdir(PREP) if f.endswith(".py")}
+    mods = _modules()
     edges: dict[str, set[str]] = {}
-    for m in mods:
-        with open(os.path.join(PREP, m + ".py"), encoding="utf-8") as f:
+    for m, path in mods.items():
+        with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read())
+        # the package a relative import starts from: a package's own for its __init__
+        here = m.split(".") if path.endswith("__init__.py") else m.split(".")[:-1]
         out = set()
         for node in tree.body:  # module level only
             if isinstance(node, ast.ImportFrom):
                 name = node.module or ""
-                if node.level == 1:  # from .x import y, from . import x
-                    out |= {name.split(".")[0]} if name else {a.name for a in node.names}
+                if node.level:  # from .x import y, from . import x, from ..x import y
+                    base = here[:len(here) - (node.level - 1)] if node.level > 1 else here
+                    target = ".".join(base + ([name] if name else []))
                 elif name.startswith(("texelfit.prep.", "prep.")):
-                    out.add(name.split(".")[-1])
+                    target = name.split(".", 2)[-1] if name.startswith("texelfit.") else name.split(".", 1)[-1]
+                else:
+                    continue
+                out |= {target} if target in mods else set()
+                out |= {f"{target}.{a.name}".lstrip(".") for a in node.names}  # from package import module
             elif isinstance(node, ast.Import):
-                out |= {a.name.split(".")[-1] for a in node.names if a.name.startswith(("texelfit.prep.", "prep."))}
-        edges[m] = out & mods
+                out |= {a.name.split(".", 2)[-1] for a in node.names if a.name.startswith("texelfit.prep.")}
+                out |= {a.name.split(".", 1)[-1] for a in node.names if a.name.startswith("prep.")}
+        edges[m] = (out & set(mods)) - {m}
     return edges
 
 
@@ -50,6 +72,8 @@ def _cycle(edges):
 def test_prep_has_no_import_cycle():
     edges = _graph()
     assert edges["graph"], "the import graph was read (graph.py imports other prep modules)"
+    assert {"ir", "ops.registry", "ops.conv"} <= edges["ops"] and "packing" in edges["ops.conv"], \
+        "subpackages are read"
     assert _cycle(edges) is None, " -> ".join(_cycle(edges))
 
 
