@@ -4,7 +4,7 @@ Every reader of an elementwise op's meaning reads it from here:
 
     codegen/expr.py     renders an expression into GLSL (vec4 per texel) and into JavaScript
                         (a number per lane, the CPU backend)
-    prep/torch_ir.py    evaluates it on torch tensors (the PyTorch reference of the IR)
+    prep/ops/torch_expr.py  evaluates it on torch tensors (for prep/torch_ir.py, the PyTorch reference of the IR)
     prep/graph.py       imports the ONNX op of each declaration (its `onnx` name and attributes)
     prep/fuse.py        fuses an op into the dense or conv layer that feeds it where its derivative
                         reads only its output Y (`fusable`)

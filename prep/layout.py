@@ -53,7 +53,7 @@ the weight gradient is row-blocked; a dense layer's one-sample weight gradient r
 Where each element comes from in the source (PyTorch row-major) array is given by a
 `Packing`: element (r, b, c) sits at (r // r2) * s_r1 + (r % r2) * s_r2 + b * s_b + c * s_c.
 That one rule packs NCHW images, [out, in] and [in, out] dense weights and conv weights alike.
-It is implemented once here (`pack`/`unpack`) and once in the runtime (`packTexels`/
+It is implemented once in prep/packing.py (`pack`/`unpack`) and once in the runtime (`packTexels`/
 `unpackTexels` in runtime_template/runtime/textures.js); the GLSL accessors read it. A
 round-trip test pins them together.
 

@@ -1,6 +1,7 @@
 """Run an IR Graph in PyTorch: an nn.Module whose parameters are the IR's params.
 
-    IRModule(graph)          forward with torch.nn.functional, layer by layer, as the bundle runs it
+    IRModule(graph)          forward with torch.nn.functional, layer by layer, as the bundle runs it (each op's
+                             forward: its definition in prep/ops/)
     write_back(graph, m)     the graph with the module's (trained) parameter values
     export_onnx(graph)       the module exported to ONNX (and simplified) the way `texelfit build`
                              exports PyTorch sources, with the IR's param names as initializer names
