@@ -5,8 +5,8 @@ per-sample (batch is the only dynamic dimension, bounded by `max_batch`):
 (F,) for dense data, (C, H, W) for images, (R, F) for tokens (rows by features: a sequence
 (T, F), or attention's (heads * T, d), the leading axes merged by prep.graph).
 
-Ops, grouped (GROUPS below; each op's rules, its FLOPs, torch forward, pruning, weight layout and kernel
-family, are its definition in the op registry, prep/ops/):
+Ops, grouped (GROUPS below; each op's rules, its FLOPs, torch forward, pruning, weight layout, saved textures
+and kernel family, are its definition in the op registry, prep/ops/):
 
   parametric   dense        y = act(x @ W.T + b)               weight [O, I] (or [I, O], `transposed`), bias [O]
                conv         y = act(conv2d(x, W) + b)          weight [OC, IC/groups, KH, KW], bias [OC]

@@ -414,10 +414,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             continue
         if not column_only(out, graph, needs):  # (else its 8 parts below alone)
             per_sample("act:" + out, "activation", out)
-        if layer.op == "maxpool":  # where each maximum came from, for the backward
-            per_sample("argmax:" + out, "argmax", out)
-        if layer.op == "reduce" and layer.attrs["kind"] == "max":  # how many inputs equal each max
-            per_sample("ties:" + out, "argmax", out)
+        for prefix in opdef(layer.op).saves(layer, graph):  # for its backward: a maxpool's argmax, a max's ties
+            per_sample(prefix + out, "argmax", out)
         if sample_blocked(layer, graph, max_batch) and not column_blocked(layer, graph):
             blocked_parts("act:" + out, "activation", out)  # 8 samples a fragment: its forward's 8 render targets
         if column_blocked(layer, graph):  # 4 positions, 2 halves a fragment: its forward's 8 render targets

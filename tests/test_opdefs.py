@@ -87,6 +87,14 @@ def test_an_op_without_parameters_has_no_weight_layout():
         opdef("maxpool").weight_layout(layer, None, ir.Param("w", None), "weight")
 
 
+def test_only_a_maxpool_and_a_max_save_textures_for_their_backward():
+    layer = lambda op, **attrs: Layer(op, op, ["x"], ["y"], attrs)  # noqa: E731
+    assert opdef("maxpool").saves(layer("maxpool"), None) == ("argmax:",)
+    assert opdef("reduce").saves(layer("reduce", kind="max"), None) == ("ties:",)
+    assert opdef("reduce").saves(layer("reduce", kind="mean"), None) == ()
+    assert all(d.saves(layer(op), None) == () for op, d in REGISTRY.items() if op not in ("maxpool", "reduce"))
+
+
 def _per_op(graph) -> dict:
     out: dict[str, int] = {}
     for layer in graph.layers:

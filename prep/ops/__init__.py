@@ -18,6 +18,9 @@ An OpDef carries:
     weight_layout(layer, graph, param, role) -> (Packing, height)
                                               how a parameter it reads other than a bias is laid out in its
                                               texture (prep/layout.py: plan_layout; a bias is always one row)
+    saves(layer, graph) -> prefixes           the per-sample textures (of its output's shape, role "argmax") its
+                                              forward writes beside its output for its backward, e.g. ("argmax:",)
+                                              (prep/layout.py: plan_layout)
     kernels                                   the codegen module declaring its passes (codegen/ops/<kernels>.py,
                                               codegen/ops/__init__.py: FAMILIES); None only for an op folded
                                               away before codegen
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 from ..ir import OPS
 from . import batchnorm, conv, dense, dropout, elementwise, pool, reduce, reshape, resample, tokens  # noqa: F401
-from .registry import REGISTRY, RULES, OpDef, UnknownOp, names, opdef
+from .registry import OpDef, REGISTRY, RULES, UnknownOp, names, opdef
 
 _missing = [op for op in OPS if op not in REGISTRY]
 if _missing:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import no_params, out_size, passes_channels, register
+from .registry import no_params, out_size, passes_channels, register, saves_nothing
 
 
 def flops(layer, graph) -> int:
@@ -27,4 +27,4 @@ def cut(layer, graph, plan, cut_param) -> dict:
 
 
 register("batchnorm", flops=flops, torch=forward, prune=passes_channels, cut=cut, weight_layout=no_params,
-         kernels=None)
+         saves=saves_nothing, kernels=None)

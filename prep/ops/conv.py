@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..channel_groups import Seg, channels
 from ..packing import conv_weight_packing, conv_weight_shape
-from .registry import bias_and_act, out_size, register, same_attrs
+from .registry import bias_and_act, out_size, register, same_attrs, saves_nothing
 
 
 def conv_flops(layer, graph) -> int:
@@ -94,6 +94,6 @@ def weight_layout(layer, graph, p, role):
 
 
 register("conv", flops=conv_flops, torch=conv_forward, prune=conv_prune, cut=conv_cut, weight_layout=weight_layout,
-         kernels="conv")
+         saves=saves_nothing, kernels="conv")
 register("conv_transpose", flops=conv_transpose_flops, torch=conv_transpose_forward, prune=conv_transpose_prune,
-         cut=same_attrs, weight_layout=weight_layout, kernels="conv_transpose")
+         cut=same_attrs, weight_layout=weight_layout, saves=saves_nothing, kernels="conv_transpose")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..channel_groups import Seg
 from ..packing import ceil_div, matrix_packing
-from .registry import bias_and_act, register
+from .registry import bias_and_act, register, saves_nothing
 
 
 def flops(layer, graph) -> int:
@@ -42,4 +42,5 @@ def weight_layout(layer, graph, p, role):
     return matrix_packing(o, i, p.transposed), ceil_div(o, 4) * 4
 
 
-register("dense", flops=flops, torch=forward, prune=new_group, cut=cut, weight_layout=weight_layout, kernels="dense")
+register("dense", flops=flops, torch=forward, prune=new_group, cut=cut, weight_layout=weight_layout,
+         saves=saves_nothing, kernels="dense")

@@ -2,7 +2,7 @@
 identity. Its kernels: codegen/ops/dropout.py."""
 from __future__ import annotations
 
-from .registry import no_params, passes_channels, per_output, register, same_attrs
+from .registry import no_params, passes_channels, per_output, register, same_attrs, saves_nothing
 
 
 def forward(m, layer, ins):
@@ -11,4 +11,4 @@ def forward(m, layer, ins):
 
 
 register("dropout", flops=per_output, torch=forward, prune=passes_channels, cut=same_attrs, weight_layout=no_params,
-         kernels="dropout")
+         saves=saves_nothing, kernels="dropout")

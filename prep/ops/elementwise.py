@@ -6,7 +6,7 @@ from ..channel_groups import channels
 from ..elementwise import OPS as DECLARED
 from ..ir import operands
 from ..packing import activation_packing
-from .registry import per_output, register
+from .registry import per_output, register, saves_nothing
 
 
 def forward(m, layer, ins):
@@ -66,4 +66,4 @@ def weight_layout(layer, graph, p, role):
 
 for _name in DECLARED:
     register(_name, flops=per_output, torch=forward, prune=prune, cut=cut, weight_layout=weight_layout,
-             kernels="elementwise")
+             saves=saves_nothing, kernels="elementwise")

@@ -2,7 +2,7 @@
 H, W; attrs: keepdims). Their kernels: codegen/ops/pool.py."""
 from __future__ import annotations
 
-from .registry import no_params, out_size, passes_channels, register, same_attrs
+from .registry import no_params, out_size, passes_channels, register, same_attrs, saves_nothing
 
 
 def window_flops(layer, graph) -> int:
@@ -56,8 +56,14 @@ def global_forward(m, layer, ins):
     return ins[0].mean(dim=(2, 3), keepdim=layer.attrs.get("keepdims", True))
 
 
-for _name in ("maxpool", "avgpool"):
-    register(_name, flops=window_flops, torch=pool_forward, prune=passes_channels, cut=same_attrs,
-             weight_layout=no_params, kernels="pool")
+def maxpool_saves(layer, graph) -> tuple[str, ...]:
+    """Where each maximum came from, for the backward (codegen/ops/pool.py: argmax_texture)."""
+    return ("argmax:",)
+
+
+register("maxpool", flops=window_flops, torch=pool_forward, prune=passes_channels, cut=same_attrs,
+         weight_layout=no_params, saves=maxpool_saves, kernels="pool")
+register("avgpool", flops=window_flops, torch=pool_forward, prune=passes_channels, cut=same_attrs,
+         weight_layout=no_params, saves=saves_nothing, kernels="pool")
 register("global_avgpool", flops=global_flops, torch=global_forward, prune=passes_channels, cut=same_attrs,
-         weight_layout=no_params, kernels="pool")
+         weight_layout=no_params, saves=saves_nothing, kernels="pool")

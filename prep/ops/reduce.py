@@ -3,7 +3,7 @@ tokens). Their kernels: codegen/ops/reduce.py, codegen/ops/softmax.py."""
 from __future__ import annotations
 
 from ..channel_groups import Seg, channels_of
-from .registry import no_params, out_size, passes_channels, register, same_attrs
+from .registry import no_params, out_size, passes_channels, register, same_attrs, saves_nothing
 
 
 def reduce_flops(layer, graph) -> int:
@@ -59,9 +59,14 @@ def reduce_prune(layer, graph, axes, gs):
     return x
 
 
+def reduce_saves(layer, graph) -> tuple[str, ...]:
+    """A max: how many inputs equal each maximum, for the backward (codegen/ops/reduce.py)."""
+    return ("ties:",) if layer.attrs["kind"] == "max" else ()
+
+
 register("reduce", flops=reduce_flops, torch=reduce_forward, prune=reduce_prune, cut=same_attrs,
-         weight_layout=no_params, kernels="reduce")
+         weight_layout=no_params, saves=reduce_saves, kernels="reduce")
 register("softmax", flops=softmax_flops, torch=softmax_forward, prune=passes_channels, cut=same_attrs,
-         weight_layout=no_params, kernels="softmax")
+         weight_layout=no_params, saves=saves_nothing, kernels="softmax")
 register("log_softmax", flops=softmax_flops, torch=log_softmax_forward, prune=passes_channels, cut=same_attrs,
-         weight_layout=no_params, kernels="softmax")
+         weight_layout=no_params, saves=saves_nothing, kernels="softmax")

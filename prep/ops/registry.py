@@ -21,6 +21,7 @@ class OpDef:
     prune: Callable
     cut: Callable
     weight_layout: Callable
+    saves: Callable
     kernels: str | None
 
 
@@ -95,6 +96,11 @@ def passes_channels(layer, graph, axes, gs):
 def same_attrs(layer, graph, plan, cut_param) -> dict:
     """Cut rule of an op whose attrs do not depend on the channels kept."""
     return layer.attrs
+
+
+def saves_nothing(layer, graph) -> tuple[str, ...]:
+    """Saves rule of an op whose backward reads no texture of its forward's but its inputs and output."""
+    return ()
 
 
 def no_params(layer, graph, param, role):

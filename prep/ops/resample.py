@@ -3,7 +3,7 @@ of each output row and column (prep/resample.py). Its kernels: codegen/ops/resam
 from __future__ import annotations
 
 from .. import resample as rs
-from .registry import no_params, out_size, passes_channels, register, same_attrs
+from .registry import no_params, out_size, passes_channels, register, same_attrs, saves_nothing
 
 
 def flops(layer, graph) -> int:
@@ -24,4 +24,4 @@ def forward(m, layer, ins):
 
 
 register("resample", flops=flops, torch=forward, prune=passes_channels, cut=same_attrs, weight_layout=no_params,
-         kernels="resample")
+         saves=saves_nothing, kernels="resample")

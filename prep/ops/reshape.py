@@ -7,7 +7,7 @@ import numpy as np
 
 from ..channel_groups import Seg
 from ..packing import activation_packing
-from .registry import moves_data, no_params, register, same_attrs
+from .registry import moves_data, no_params, register, same_attrs, saves_nothing
 
 
 def concat_forward(m, layer, ins):
@@ -116,8 +116,8 @@ def gather_layout(layer, graph, p, role):
 
 
 register("concat", flops=moves_data, torch=concat_forward, prune=concat_prune, cut=same_attrs,
-         weight_layout=no_params, kernels="merge")
+         weight_layout=no_params, saves=saves_nothing, kernels="merge")
 register("flatten", flops=moves_data, torch=flatten_forward, prune=flatten_prune, cut=same_attrs,
-         weight_layout=no_params, kernels="reshape")
+         weight_layout=no_params, saves=saves_nothing, kernels="reshape")
 register("gather", flops=moves_data, torch=gather_forward, prune=gather_prune, cut=same_attrs,
-         weight_layout=gather_layout, kernels="gather")
+         weight_layout=gather_layout, saves=saves_nothing, kernels="gather")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..channel_groups import Seg, channels_of
 from ..packing import matrix_packing
-from .registry import bias_and_act, moves_data, out_size, register, same_attrs
+from .registry import bias_and_act, moves_data, out_size, register, same_attrs, saves_nothing
 
 
 def matmul_flops(layer, graph) -> int:
@@ -73,8 +73,8 @@ def embedding_layout(layer, graph, p, role):
 
 
 register("matmul", flops=matmul_flops, torch=matmul_forward, prune=token_prune, cut=same_attrs,
-         weight_layout=matmul_layout, kernels="matmul")
+         weight_layout=matmul_layout, saves=saves_nothing, kernels="matmul")
 register("layernorm", flops=layernorm_flops, torch=layernorm_forward, prune=token_prune, cut=same_attrs,
-         weight_layout=layernorm_layout, kernels="matmul")
+         weight_layout=layernorm_layout, saves=saves_nothing, kernels="matmul")
 register("embedding", flops=moves_data, torch=embedding_forward, prune=token_prune, cut=same_attrs,
-         weight_layout=embedding_layout, kernels="embedding")
+         weight_layout=embedding_layout, saves=saves_nothing, kernels="embedding")
