@@ -72,6 +72,12 @@ def test_a_definition_missing_a_rule_fails_naming_the_rule():
         _register_fresh("relu", rules)
 
 
+def test_an_op_that_reaches_codegen_needs_kernels():
+    rules = {r: getattr(REGISTRY["relu"], r) for r in RULES}
+    with pytest.raises(TypeError, match="'relu' has no kernels"):
+        _register_fresh("relu", dict(rules, kernels=None))
+
+
 def _register_fresh(name, rules):
     """register() of an op as if it were not yet registered (the registry left as it was)."""
     saved = REGISTRY.pop(name)

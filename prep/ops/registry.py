@@ -41,6 +41,8 @@ def register(name: str, **rules) -> OpDef:
     extra = set(rules) - set(RULES)
     if extra:
         raise TypeError(f"op registry: IR op {name!r}: unknown rules {sorted(extra)}")
+    if rules["kernels"] is None and GROUP_OF[name] != "folded away":
+        raise TypeError(f"op registry: IR op {name!r} has no kernels (only an op folded away before codegen may not)")
     for r in RULES:
         if r != "kernels" and not callable(rules[r]):
             raise TypeError(f"op registry: IR op {name!r}: its {r} rule is not a function")
