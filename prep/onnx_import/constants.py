@@ -1,0 +1,162 @@
+"""Import rules of constants and symbolic shape values: what the exporter computes from constants and from the
+input's shape (the batch as the symbol "N") is evaluated here and leaves no layer behind; a parameter read
+through a reshape is the parameter; the few ops that take an activation (an Expand broadcast anyway, an Equal
+that a masked fill reads, a Cast of token ids) become what they are."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import onnx_shape
+from ..elementwise import BY_ONNX
+from ..errors import BuildError
+from ..ir import Layer
+from .common import F32_MAX, N, strip_ones, where
+from .fold import fold
+from .layers import expand
+from .registry import ANY, imports
+
+# only on constants and shape values (Expand and ConstantOfShape also to a batch of one constant sample:
+# an operand of Concat)
+SHAPE_ONLY = ("Shape", "Gather", "Cast", "Equal", "Where", "Expand", "ConstantOfShape")
+
+
+@imports("Constant")
+def constant(cx, s) -> bool:
+    from onnx import numpy_helper
+
+    a = s.a
+    cx.consts[s.out] = numpy_helper.to_array(a["value"]) if "value" in a else np.asarray(
+        a.get("value_ints", a.get("value_int", a.get("value_floats", a.get("value_float")))))
+    return True
+
+
+@imports("Expand")
+def expand_activation(cx, s) -> bool:
+    node, ins, out = s.node, s.ins, s.out
+    if ins[0] in cx.consts or ins[0] in cx.batch_consts:
+        return False
+    # an activation repeated to a larger shape (F.normalize expands its norm to the input's shape):
+    # every consumer broadcasting it anyway, it is the activation itself
+    users = cx.users(out)
+    if users and all(n.op_type in BY_ONNX and BY_ONNX[n.op_type].arity == 2 for n in users):
+        cx.alias[out] = cx.act(ins[0])
+        return True
+    # else (nn.MultiheadAttention's key padding mask [N, 1, 1, T] repeated over the heads, then
+    # reshaped): to a constant shape, or [N, ...], with its batch dim 1, a broadcasting mul (expand)
+    target = cx.consts.get(ins[1])
+    if (rest := onnx_shape.batch_shape(target)) is not None:
+        target = [1] + list(rest)
+    elif target is None or isinstance(target, list):
+        raise BuildError(f"{where(node)}: Expand of an activation is supported into elementwise ops that "
+                         f"broadcast it, or to a constant shape; it feeds {sorted({n.op_type for n in users})}")
+    cx.layers.append(expand(node, cx.act(ins[0]), out, np.asarray(target).reshape(-1).tolist(), cx.shapes))
+    return True
+
+
+@imports("Expand", "ConstantOfShape")
+def batch_constant(cx, s) -> bool:
+    """One constant sample repeated over the batch (to [N, ...]): only Concat takes it."""
+    op, ins = s.op, s.ins
+    if onnx_shape.batch_shape(cx.consts.get(ins[-1])) is None:
+        return False
+    cx.batch_consts[s.out] = onnx_shape.batch_constant(where(s.node), op, s.a, [cx.consts[i] for i in ins])
+    if op == "Expand" and ins[0] in cx.trainable_names:  # a parameter repeated over the batch: a class token
+        cx.expanded_params[s.out] = ins[0]
+    return True
+
+
+@imports("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice")
+def parameter_view(cx, s) -> bool:
+    """A parameter in another shape, read as the parameter. Falls through (having folded the value) where the
+    view is not one."""
+    ins, consts, out = s.ins, cx.consts, s.out
+    if not (ins[0] in cx.trainable_names and ins[0] in cx.initializer_names and all(t in consts for t in ins[1:] if t)):
+        return False
+    value = fold(s.node, s.op, s.a, [consts[x] if x else None for x in ins])
+    users = cx.users(out)
+    if strip_ones(np.shape(value)) == strip_ones(np.shape(consts[ins[0]])) or (
+            np.squeeze(value).shape == np.squeeze(consts[ins[0]]).shape and users and
+            all(n.op_type in BY_ONNX and BY_ONNX[n.op_type].arity == 2 for n in users)):
+        # every value, in the same order, broadcasting as the parameter does (leading 1s aside), or a
+        # per-channel [C, 1, 1] view of a [C] parameter that only elementwise ops read (with its shape)
+        cx.param_views[out] = ins[0]
+        consts[out] = value
+        return True
+    return False
+
+
+@imports(ANY)
+def constant_fold(cx, s) -> bool:
+    """A node whose inputs are all constants: its value."""
+    consts = cx.consts
+    if not all(x in consts for x in s.ins if x):
+        return False
+    consts[s.out] = fold(s.node, s.op, s.a, [consts[x] if x else None for x in s.ins])
+    return True
+
+
+@imports("Equal")
+def equal_constant(cx, s) -> bool:
+    """An activation compared with a constant: only a Where of constants reads it (select_eq)."""
+    ins, consts = s.ins, cx.consts
+    if ins[0] not in consts and ins[1] in consts and np.size(consts[ins[1]]) == 1 \
+            and not isinstance(consts[ins[1]], list):
+        cx.equals[s.out] = (cx.act(ins[0]), float(np.asarray(consts[ins[1]]).reshape(-1)[0]))
+        return True
+    return False
+
+
+@imports("Where")
+def where_equal(cx, s) -> bool:
+    node, ins = s.node, s.ins
+    if ins[0] not in cx.equals:
+        return False
+    x, value = cx.equals[ins[0]]
+    picked = []
+    for t in ins[1:3]:
+        v = cx.consts.get(t, cx.batch_consts.get(t))
+        vals = None if v is None or isinstance(v, list) else np.unique(np.asarray(v, dtype=np.float64))
+        if vals is None or vals.size != 1:
+            raise BuildError(f"{where(node)}: Where of a comparison picks {t!r}, which is not one constant "
+                             "(a masked_fill by a constant is supported)")
+        picked.append(float(np.clip(vals[0], -F32_MAX, F32_MAX)))
+    cx.layers.append(Layer("select_eq", node.name, [x], [s.out], {"value": value, "fill": picked[0], "other": picked[1]}))
+    cx.shapes[s.out] = cx.shapes[x]
+    return True
+
+
+@imports("Shape")
+def shape(cx, s) -> bool:
+    a, ins = s.a, s.ins
+    src = cx.alias.get(ins[0], ins[0])
+    if src in cx.equals:
+        src = cx.equals[src][0]
+    if src in cx.lazy:  # a tensor whose batch axis moved: its ONNX shape, the batch "N" where it is alone
+        sizes = cx.lazy[src].sizes()
+        if any(isinstance(d, tuple) and d[1] != 1 for d in sizes):
+            raise BuildError(f"{where(s.node)}: Shape of a tensor whose batch axis is merged with another "
+                             f"axis (ONNX shape {sizes})")
+        full = [N if isinstance(d, tuple) else d for d in sizes]
+    else:
+        full = [N] + list(cx.shapes[cx.act(src)])
+    cx.consts[s.out] = full[a.get("start", 0):a.get("end", len(full))]
+    return True
+
+
+@imports("Cast")
+def cast_ids(cx, s) -> bool:
+    """Token ids are exact floats in every tier: a Cast of them to int32, int64, float or double is the same
+    values (to bool or to a narrower type would not be: those fail in shape_only)."""
+    a, ins = s.a, s.ins
+    if not (cx.alias.get(ins[0], ins[0]) in cx.integer and a.get("to") in (1, 6, 7, 11)):
+        return False
+    cx.alias[s.out] = cx.act(ins[0])
+    if a.get("to") in (6, 7):  # to int32, int64
+        cx.integer.add(s.out)
+    return True
+
+
+@imports(*SHAPE_ONLY)
+def shape_only(cx, s) -> bool:
+    """The ops on constants and shape values only, on an activation that no rule before took: an error."""
+    raise BuildError(f"{where(s.node)}: {s.op} on activations is not supported (only on constant shapes)")

@@ -1,0 +1,138 @@
+"""Import rules of elementwise ops (prep/elementwise.py's declarations): a bias added to a dense or token-wise
+matmul's output is that layer's bias; x * sigmoid(x) is nn.SiLU; on a lazy view of the batch axis
+(prep/batch_axis.py) an op is computed on the view's source or its rows; anything else is one elementwise
+layer with ONNX broadcasting."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import batch_axis as ba
+from ..elementwise import BY_ONNX
+from ..errors import BuildError
+from ..ir import Layer
+from .common import where
+from .layers import elementwise_of, is_silu
+from .registry import imports
+
+BINARY_ONNX = tuple(op for op, decl in BY_ONNX.items() if decl.arity == 2)
+
+
+@imports("Add")
+def add_bias(cx, s) -> bool:
+    """A bias vector added to a MatMul output (Linear without Gemm): the dense or token-wise matmul layer's bias.
+    Falls through to the elementwise rules where it is not, having materialised the other operand as an
+    activation (act) where it was not a lazy view."""
+    node, ins, out = s.node, s.ins, s.out
+    consts, alias, lazy, shapes, params = cx.consts, cx.alias, cx.lazy, cx.shapes, cx.params
+    if len([i for i in ins if i not in consts]) != 1:
+        return False
+    xo = alias.get(next(i for i in ins if i not in consts), next(i for i in ins if i not in consts))
+    c = next(i for i in ins if i in consts)
+    if xo in lazy or len(shapes.get(xo, ())) == 2:  # a bias added to a token-wise MatMul's rows
+        v = cx.lz(xo)
+        prod = next((l for l in cx.layers if v.src in l.outputs), None)
+        if (prod is not None and prod.op == "matmul" and "weight" in prod.params and "bias" not in prod.params
+                and c in cx.initializer_names and np.size(consts[c]) == shapes[v.src][1]
+                and np.ndim(consts[c]) <= 1 and len(cx.users(xo)) == 1):
+            b = cx.param(node, ins.index(c))
+            params[b].array = params[b].array.reshape(-1)
+            prod.params["bias"] = b
+            if xo in lazy:
+                lazy[out] = lazy[xo]
+            else:
+                alias[out] = xo
+            return True
+    x = xo if xo in lazy else cx.act(xo)
+    prod = next((l for l in cx.layers if x in l.outputs), None)
+    bias = consts[c]
+    if (prod is not None and prod.op == "dense" and "bias" not in prod.params
+            and c in cx.initializer_names and np.size(bias) == shapes[x][0] and np.ndim(bias) <= 2
+            and len(cx.users(x)) == 1):
+        b = cx.param(node, ins.index(c))
+        params[b].array = params[b].array.reshape(-1)
+        prod.params["bias"] = b
+        alias[out] = x
+        return True
+    return False
+
+
+@imports("Mul")
+def silu(cx, s) -> bool:
+    """x * sigmoid(x): nn.SiLU."""
+    if not is_silu(s.node, s.ins, cx.layers, cx.g):
+        return False
+    sig = next(l for l in cx.layers if l.op == "sigmoid" and l.outputs[0] in (cx.alias.get(t, t) for t in s.ins))
+    cx.layers.remove(sig)
+    cx.layers.append(Layer("silu", s.node.name, list(sig.inputs), [s.out]))
+    cx.shapes[s.out] = cx.shapes[sig.inputs[0]]
+    return True
+
+
+@imports(*BINARY_ONNX)
+def constant_on_lazy_view(cx, s) -> bool:
+    """A constant of several values (an attention mask added to the scores) on a lazy view: on its rows form,
+    the constant spread over those rows."""
+    node, op, a, ins, out = s.node, s.op, s.a, s.ins, s.out
+    consts, alias, lazy = cx.consts, cx.alias, cx.lazy
+    if not (len(ins) == 2 and sum(alias.get(i, i) in lazy for i in ins) == 1
+            and any(i in consts and np.size(consts[i]) > 1 for i in ins)):
+        return False
+    k = next(j for j, i in enumerate(ins) if alias.get(i, i) in lazy)
+    v, cst = lazy[alias.get(ins[k], ins[k])], np.asarray(consts[ins[1 - k]], dtype=np.float32)
+    nb = [j for j, grp in enumerate(v.groups) if ba.N in grp]
+    if v.groups[nb[0]] != [ba.N] or cst.ndim > v.rank() or (cst.ndim == v.rank() and cst.shape[nb[0]] != 1):
+        raise BuildError(f"{where(node)}: {op} of a constant of shape {list(cst.shape)} and a tensor of "
+                         f"ONNX shape {v.sizes()}: not supported")
+    full = [1 if j == nb[0] else d for j, d in enumerate(v.sizes())]
+    x = cx.materialise(ins[k], "rows", op, where(node))[0]
+    name = ins[1 - k]
+    if not all(d == 1 for d in cst.shape[:-1]):  # not per feature alone: spread over the rows
+        if name in cx.initializer_names and name in cx.trainable_names:
+            raise BuildError(f"{where(node)}: a parameter of shape {list(cst.shape)} on tokens: only one "
+                             "per feature (the last axis) is supported")
+        spread = np.broadcast_to(cst, full).reshape(cx.shapes[x])
+        name = f"{node.name}:const"
+        consts[name] = np.maximum(np.minimum(spread, 3.4028234663852886e38), -3.4028234663852886e38)
+    t = f"{out}:rows"
+    operand_ins = [x, name] if k == 0 else [name, x]
+    cx.layers.append(elementwise_of(cx, node, t, a, operand_ins))
+    cx.set_lazy(out, ba.after_rows_op(t, v, cx.shapes[x][1]))
+    return True
+
+
+@imports(*BY_ONNX)
+def same_lazy_views(cx, s) -> bool:
+    """Two activations seen through the same view (GELU's x * (erf(x / sqrt 2) + 1)): on their sources."""
+    ins, alias, lazy = s.ins, cx.alias, cx.lazy
+    if not (len(ins) == 2 and all(alias.get(i, i) in lazy for i in ins) and (
+            va := lazy[alias.get(ins[0], ins[0])]).ops == (vb := lazy[alias.get(ins[1], ins[1])]).ops and
+            va.fine == vb.fine and va.groups == vb.groups and cx.shapes[va.src] == cx.shapes[vb.src]):
+        return False
+    t = f"{s.out}:src"
+    cx.layers.append(elementwise_of(cx, s.node, t, s.a, [va.src, vb.src]))
+    cx.set_lazy(s.out, ba.Lazy(t, list(va.ops), va.fine, [list(grp) for grp in va.groups], va.origin))
+    return True
+
+
+@imports(*BY_ONNX)
+def pointwise_on_lazy_view(cx, s) -> bool:
+    """Pointwise on a lazy view (an activation, a scale): computed on its source, the view kept."""
+    ins, alias, lazy, consts = s.ins, cx.alias, cx.lazy, cx.consts
+    if not (any(alias.get(i, i) in lazy for i in ins) and all(
+            alias.get(i, i) in lazy or (i in consts and np.size(consts[i]) == 1) for i in ins[:2]) and
+            sum(alias.get(i, i) in lazy for i in ins[:2]) == 1):
+        return False
+    k = next(j for j, i in enumerate(ins) if alias.get(i, i) in lazy)
+    v = lazy[alias.get(ins[k], ins[k])]
+    t = f"{s.out}:src"
+    cx.layers.append(elementwise_of(cx, s.node, t, s.a, ins[:k] + [v.src] + ins[k + 1:]))
+    cx.set_lazy(s.out, ba.Lazy(t, list(v.ops), v.fine, [list(grp) for grp in v.groups]))
+    return True
+
+
+@imports(*BY_ONNX)
+def elementwise(cx, s) -> bool:
+    # a parameter read through a view broadcasts in the view's shape (a [C] scale as [C, 1, 1])
+    view_shapes = {s.ins[k]: np.shape(cx.consts[t]) for k, t in enumerate(s.node.input[:2]) if t in cx.param_views}
+    cx.layers.append(elementwise_of(cx, s.node, s.out, s.a, s.ins, view_shapes))
+    return True

@@ -1,0 +1,90 @@
+"""Evaluating a node whose inputs are all constants: the exporter's shape arithmetic (symbolic lists holding the
+batch "N") and folded weights."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import BuildError
+from .common import where
+
+
+def numpy_helper_value(a) -> np.ndarray:
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(a["value"]).reshape(-1)[0] if "value" in a else np.float32(0.0)
+
+
+def _int_div(x, y):
+    return x // y if np.issubdtype(x.dtype, np.integer) and np.issubdtype(y.dtype, np.integer) else x / y
+
+
+# elementwise ops on constants (of the exporter's shape arithmetic, or folded weights)
+_NUMPY_FOLD = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _int_div, "Neg": np.negative,
+               "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Abs": np.abs, "Reciprocal": np.reciprocal,
+               "Pow": np.power}
+
+
+def fold(node, op, a, vals):
+    """Evaluate a node whose inputs are all constants; symbolic lists hold "N"."""
+    def listify(v):
+        return list(v) if isinstance(v, list) else np.asarray(v).reshape(-1).tolist() if np.ndim(v) else v
+
+    try:
+        if op == "Gather":
+            data, idx = vals
+            if isinstance(data, list):
+                idx = np.asarray(idx)
+                picked = [data[int(i)] for i in idx.reshape(-1)]
+                return picked[0] if idx.ndim == 0 else picked
+            return np.take(data, np.asarray(idx), axis=a.get("axis", 0))
+        if op == "Unsqueeze":
+            v = vals[0]
+            return [v] if not isinstance(v, (list, np.ndarray)) or np.ndim(v) == 0 else (
+                v if isinstance(v, list) else np.expand_dims(v, tuple(np.asarray(vals[1]).tolist())))
+        if op == "Squeeze":
+            v = vals[0]
+            return v[0] if isinstance(v, list) and len(v) == 1 else np.squeeze(v)
+        if op == "Concat":
+            if any(isinstance(v, list) for v in vals):
+                out = []
+                for v in vals:
+                    out += listify(v) if not isinstance(v, str) else [v]
+                return out
+            return np.concatenate(vals, axis=a.get("axis", 0))
+        if op == "Cast":
+            return vals[0]
+        if op in ("Equal", "Where") and any(isinstance(v, list) for v in vals):  # on symbolic shape values
+            vals = [listify(v) for v in vals]
+            width = max(len(v) for v in vals)
+            vals = [v * width if len(v) == 1 else v for v in vals]
+            if op == "Equal":
+                return [isinstance(x, str) == isinstance(y, str) and x == y for x, y in zip(*vals)]
+            return [x if bool(c) else y for c, x, y in zip(*vals)]
+        if op in ("Equal", "Where"):
+            return np.equal(*vals) if op == "Equal" else np.where(*vals)
+        if op == "ConstantOfShape":
+            value = numpy_helper_value(a)
+            return np.full(np.asarray(vals[0]).astype(int), value, dtype=value.dtype)
+        if op == "Expand":
+            return np.asarray(vals[0]) * np.ones(np.asarray(vals[1]).astype(int), dtype=np.asarray(vals[0]).dtype)
+        if op == "Slice":
+            data = vals[0]
+            starts, ends = (np.asarray(v).reshape(-1).tolist() for v in vals[1:3])
+            if isinstance(data, list):
+                return data[int(starts[0]):int(min(ends[0], len(data)))]
+            sl = [slice(None)] * np.ndim(data)
+            axes = np.asarray(vals[3]).tolist() if len(vals) > 3 and vals[3] is not None else list(range(len(starts)))
+            for ax, s, e in zip(axes, starts, ends):
+                sl[ax] = slice(int(s), int(e))
+            return np.asarray(data)[tuple(sl)]
+        if op in ("Identity", "Dropout"):
+            return vals[0]
+        if op in _NUMPY_FOLD and not any(isinstance(v, list) for v in vals):
+            return _NUMPY_FOLD[op](*[np.asarray(v) for v in vals if v is not None])
+        if op == "Reshape" and not isinstance(vals[0], list):
+            return np.reshape(vals[0], np.asarray(vals[1]).astype(int))
+        if op == "Transpose" and not isinstance(vals[0], list):  # (of a parameter: onnxsim no longer folds them)
+            return np.transpose(vals[0], a.get("perm"))
+    except (IndexError, TypeError, ValueError) as e:
+        raise BuildError(f"{where(node)}: cannot evaluate constant subgraph: {e}") from None
+    raise BuildError(f"{where(node)}: {op} on constants only is not supported")
