@@ -122,7 +122,7 @@ def plan_storage(plan: LayoutPlan, schedule: Schedule) -> dict[str, int]:
 def role_bytes(plan: LayoutPlan, storage: dict[str, int], trunk_bytes_per_sample: int = 0) -> dict:
     """Texture bytes per role (report.json's roles, float32 texels unfolded) before and after sharing.
     A shared storage counts for the role of its largest texture. The trunk cache lives in the page's
-    memory (runtime/model.js.j2: #trunkCache), not in a texture: its bytes per sample of a fit."""
+    memory (runtime/trunk.js: trunkCache), not in a texture: its bytes per sample of a fit."""
     before = dict.fromkeys(GROUPS, 0)
     after = dict.fromkeys(GROUPS, 0)
     shared: dict[int, list] = {}
@@ -147,7 +147,7 @@ def role_bytes(plan: LayoutPlan, storage: dict[str, int], trunk_bytes_per_sample
 #              readback (the loss ring and a half of every weight and optimizer state texture), a
 #              predict's output at max_batch; the page holds a copy of it as it arrives
 #   snapshots  the CPU-side copies of weights and optimizer state kept for a lost context
-#              (runtime/model.js.j2): a fit keeps the latest and the last one confirmed good, otherwise
+#              (runtime/fit.js): a fit keeps the latest and the last one confirmed good, otherwise
 #              the one of createModel (or of the last setWeights, restore, fit) alone
 #   upload     the page's staging of uploads: the decoded weights blob (createModel) and the batch's
 #              input, labels and targets rows

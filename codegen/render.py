@@ -143,6 +143,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         model["inputs"] = input_records(graph, plan)
     if tokenizer is not None:  # fromText (tokenizer.js); absent otherwise (no bytes in other bundles)
         model["tokenizer"] = tokenizer["record"]
+    if any("u_dropout" in k["uniforms"] for k in kernels):  # dropout layers: fit sets their step's mask (fit.js)
+        model["dropout"] = True  # (absent otherwise: no bytes elsewhere)
     if graph.aliases:  # a tied parameter's other state_dict keys -> its name: getWeights gives it under each, and
         model["aliases"] = dict(sorted(graph.aliases.items()))  # setWeights takes each (absent: no bytes elsewhere)
     crc = int.from_bytes(weights.blob[-4:], "little")  # the blob's last 4 bytes: CRC-32 of the rest

@@ -112,7 +112,7 @@ def _issue6_cnn():
 def test_shipped_runtime_is_compact(factory, shape):
     """The runtime ships without the templates' comments and indentation (codegen/render.py,
     codegen/kernels.py), with the GLSL common to all kernels once and only the CPU twins of the kernels
-    the schedule uses, which keeps the issue-6 benchmark models' bundles without weights under 37.5 KB
+    the schedule uses, which keeps the issue-6 benchmark models' bundles without weights under 37.9 KB
     gzip. The CNN's was 29.6 KB; choosing the CPU twins took 0.7 KB off; transfer learning (fit's
     trainable subset) added 0.9 KB and issue 18's option tables, error messages, loss feed and
     checkpoint scoping 3.5 KB: 33.5 KB; issue 17's weights loader (NAME.weights.bin, createModel({ weights }))
@@ -129,8 +129,11 @@ def test_shipped_runtime_is_compact(factory, shape):
     KB (37,149 bytes: every optimizer kernel's source holds the term under #ifdef PROXIMAL, so that a fit without
     one runs the programs it ran before, with no texel fetch more: on the batch-1 MLP the fetch cost an SGD step
     about 10%, measured with bench/run.py): the budget is raised by that, to 37,500; flatten printed from the kernel
-    language in place of its templates and twins 0.08 KB, with the plain-JS runtime modules: 37,228. The opening
-    comment and each shader's kernel-name line stay."""
+    language in place of its templates and twins 0.08 KB, with the plain-JS runtime modules: 37,228; the model
+    object as plain modules by concern (model.js.j2's Jinja branches become the bundle's data and feature modules:
+    the public methods delegate to functions of a private state, fromImages' stub and info's inputs come from
+    no_images.js and inputs_single.js) 0.42 KB (37,228 -> 37,645 bytes): the budget is raised by that, to 37,900.
+    The opening comment and each shader's kernel-name line stay."""
     import gzip
 
     js = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=64).files["m.js"]
@@ -140,7 +143,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_500
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_900
 
 
 def test_compact_js_keeps_strings_and_template_literals():

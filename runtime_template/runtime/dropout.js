@@ -9,3 +9,10 @@ function lowbias32(x) {
   x ^= x >>> 16;
   return x >>> 0;
 }
+
+// fit's dropout in its training step `step` (fit.js): on or off (fit's options.dropout), and the step's
+// seed of the masks, from the fit's `seed` (prep/dropout.py: step seed).
+function dropoutUniforms(u, on, seed, step) {
+  u.u_dropout = on ? 1 : 0;
+  u.u_dropseed = lowbias32((seed + Math.imul(step, 0x9E3779B9)) >>> 0) & 0x7fffffff;
+}

@@ -59,7 +59,7 @@ class GpuDevice {
     uploadRows(this.gl, rec, data, rows);
   }
 
-  // A texture laid out as `rec` holding `data`, read alone: fit's proximal anchor (model.js: #optimizerOf).
+  // A texture laid out as `rec` holding `data`, read alone: fit's proximal anchor (optimizer.js: optimizerOf).
   anchor(rec, data) {
     const a = { ...rec, tex: [makeTexture(this.gl, FORMATS[rec.format].internal, rec.pw, rec.ph)], cur: 0, double: false };
     this.upload(a, data, rec.spec.height);

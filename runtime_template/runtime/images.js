@@ -287,3 +287,12 @@ function sourcesBatch(x, batch) {
   if (batch !== list.length) throw new TexelfitError('bad-batch', `batch is ${describe(batch)} for ${list.length} image sources: leave it out`);
   return [list, batch];
 }
+
+// Model.fromImages (model.js): the model's input for an array of image sources, read on the device.
+function imagesInput(s, sources) {
+  let list;
+  return soon(s, () => { requireContext(s, 'read images'); return readImages(s.gpu, list); }, () => {
+    list = imageList(sources);
+    if (!list) throw new TexelfitError('bad-input', `fromImages needs a non-empty array of image sources, got ${kindOf(sources)}`);
+  });
+}

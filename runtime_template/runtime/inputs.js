@@ -1,4 +1,4 @@
-// ---- inputs: the checks every x, y and batch size goes through (model.js) --------------------------
+// ---- inputs: the checks every x, y and batch size goes through (x's own: inputs_single.js, inputs_multi.js) -
 
 // Float32Array as it is, Float64Array converted; nothing else (bytes of pixels, integers, plain
 // arrays and strings would go through as raw values).
@@ -29,4 +29,30 @@ function checkBatch(batch, what, max = Infinity) {
     const range = max === Infinity ? 'a positive integer' : `an integer from 1 to maxBatch = ${max}`;
     throw new TexelfitError('bad-batch', `${what} is ${describe(batch)}: it must be ${range}`);
   }
+}
+
+// y of `samples` samples for `loss`: class indices (cross_entropy) or targets, as they upload (batches.js).
+function checkY(y, samples, loss) {
+  if (loss === 'cross_entropy') {
+    if (!(y instanceof Int32Array)) {
+      throw new TexelfitError('bad-labels', `y must be an Int32Array of class indices for cross_entropy, got ${kindOf(y)}`);
+    }
+    if (y.length !== samples) {
+      throw new TexelfitError('bad-labels', `y has ${y.length} labels, expected one per sample (${samples})`);
+    }
+    const classes = MODEL.outputSize;
+    for (let i = 0; i < y.length; i++) {
+      if (!Number.isInteger(y[i]) || y[i] < 0 || y[i] >= classes) {
+        throw new TexelfitError('label-out-of-range', `label y[${i}] = ${y[i]} is not a class index in [0, ${classes})`);
+      }
+    }
+    return y;
+  }
+  const ys = toFloat32(y, 'y');
+  if (ys.length !== samples * MODEL.outputSize) {
+    throw new TexelfitError('bad-targets',
+      `y has ${ys.length} values, expected ${samples} x ${MODEL.outputSize} (batch x outputShape [${MODEL.outputShape}])`);
+  }
+  checkFinite(ys, 'y');
+  return ys;
 }

@@ -2,3 +2,5 @@
 
 // (no image input, MODEL.image is null: x is never a list of sources, and readImages is never reached)
 const imageList = () => null, sourcesBatch = (x, batch) => [null, batch];
+// Model.fromImages (model.js) rejects
+const imagesInput = () => Promise.reject(new TexelfitError('bad-input', 'this bundle has no image input: build it with --input-normalize'));

@@ -125,3 +125,20 @@ function encodeTexts(texts) {
   });
   return { input_ids, attention_mask };
 }
+
+// Model.fromText (rendered after model.js): the token ids and attention mask of an array of strings, each
+// an Int32Array [N, T] (T: the build's sequence length, inputShape[0]), exactly as Hugging Face's tokenizer
+// with padding 'max_length' and truncation to T. Asynchronous, like fromImages; it runs at once.
+addMethods({
+  fromText(strings) {
+    try {
+      checkDisposed(stateOf(this));
+      if (!Array.isArray(strings) || !strings.length) throw new TexelfitError('bad-input', `fromText needs a non-empty array of strings, got ${kindOf(strings)}`);
+      const bad = strings.findIndex((s) => typeof s !== 'string');
+      if (bad >= 0) throw new TexelfitError('bad-input', `strings[${bad}] is ${kindOf(strings[bad])}: fromText takes an array of strings`);
+      return Promise.resolve(encodeTexts(strings));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  },
+});
