@@ -106,7 +106,10 @@ def _vec(e: X, text: str) -> str:
     return text if e.type == "vec4" else f"vec4({text})"
 
 
-def glsl(k) -> str:
+def glsl(k, value: bool = False) -> str:
+    """The body of main(); with `value`, the function vec4 valueAt(ivec2 _p) returning the texel out0 would be:
+    how an optimizer includes its parameter's gradient kernel (ops/optim.py; kernels/sgd.glsl.j2)."""
+    assert not value or k.written == {0}, "kl: a value function has one output"
     helpers, need = helper_functions(
         "float _hmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }",
         lambda n, last, mask: f"vec4 _valid{n}(int j) {{ return j < {last} ? vec4(1.0) : vec4({mask}); }}")
@@ -115,7 +118,10 @@ def glsl(k) -> str:
         "let": lambda name, type_, e: f"{_GLSL_TYPE[type_]} {name} = {e};",
         "set": lambda name, e: f"{name} = {e};",
         "setlane": lambda name, i, e: f"{name}[{i}] = {e};",
-        "out": lambda i, e: f"out{i} = {e};"})
+        "out": lambda i, e: f"_value = {e};" if value else f"out{i} = {e};"})
+    if value:
+        return "\n".join([*sorted(helpers.values()), "vec4 valueAt(ivec2 _p) {", "  vec4 _value;", *lines,
+                          "  return _value;", "}"]) + "\n"
     return "\n".join([*sorted(helpers.values()), "void main() {", "  ivec2 _p = outCoord();", *lines, "}"]) + "\n"
 
 

@@ -24,6 +24,8 @@ from texelfit.prep.layout import plan_layout
 from texelfit.prep.load import export_simplified
 
 BATCH = 3
+# the per-step uniforms a kernel may read (codegen/kernels.py: UNIFORM_TYPES): a loss scale other than 1
+UNIFORMS = {"u_batch": BATCH, "u_loss_scale": 4.0}
 
 
 class Pools(nn.Module):
@@ -157,7 +159,7 @@ const fn = {fn};
 const src = {json.dumps([a.reshape(-1).tolist() for a in inputs])};
 const ins = src.map((d, i) => ({{ width: {json.dumps(widths)}[i], data: Float32Array.from(d) }}));
 const outs = Array.from({{ length: {outputs} }}, () => ({{ width: {width}, data: new Float32Array({rows * width * 4}) }}));
-fn({json.dumps(consts)}, ins, outs, {{ u_batch: {BATCH} }}, {rows});
+fn({json.dumps(consts)}, ins, outs, {json.dumps(UNIFORMS)}, {rows});
 console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 """
     got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
@@ -166,9 +168,10 @@ console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 
 # what each model schedules among the kernels written in the kernel language (a family migrated to it joins here)
 EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward", "global_avgpool_grad",
-                      "log_softmax_forward", "maxpool_forward", "maxpool_grad"},
-            "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad"},
-            "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad"},
+                      "log_softmax_forward", "maxpool_forward", "maxpool_grad", "conv_grad_bias", "dense_grad_bias"},
+            "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad", "grad_sum"},
+            "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad", "conv_grad_bias",
+                       "dense_grad_bias"},
             "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"}}
 
 
@@ -186,7 +189,7 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
         data = [(rng.standard_normal((s.height, s.width, 4)) * 2).astype(np.float32) for s in specs]
         fields = struct_fields(k.kl, list(names))
         values = {"rows": rows, "width": width, **{f"w_{n}": s.width for n, s in zip(names, specs)},
-                  "u_batch": BATCH, **p.values}
+                  **UNIFORMS, **p.values}
         code = wgsl(k.kl, list(names), k.outputs)
         got = gpu_page.evaluate(RUN, {"code": code, "inputs": [d.reshape(-1).tolist() for d in data],
                                       "outputs": k.outputs, "rows": rows, "width": width,
