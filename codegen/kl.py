@@ -16,7 +16,7 @@ Expressions are trees of `X` nodes: constants (Python ints and floats lift to in
 (`k.sym(name, value)`: a literal in GLSL, read from the kernel's constants in JavaScript), `ROW`, `COL`,
 `uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `to_float(i)`, `to_int(f)`, arithmetic (a vec4
 with a float broadcasts), exp, log, sqrt, abs, maximum, minimum, comparisons (`a.eq(b)`, `a.ne(b)` for == and !=), & and | of bools,
-`select(cond, a, b)`, `dot`, `hmax`, `hsum`, and
+`select(cond, a, b)`, `dot`, `hmax`, `hsum`, constant arrays (`t = k.table(name, values)`, read as `t[i]`), and
 `valid(cols, j)`: 1.0 in each lane of channel texel j that holds one of `cols` channels, 0.0 in padding lanes
 (`is_valid(cols, j)`: the same as a condition).
 
@@ -202,6 +202,29 @@ def var(name: str, type_: str) -> X:
     return X("var", value=name, type=type_)
 
 
+class Table:
+    """A kernel's constant array of ints or floats (KernelDef.table), read at an int index: t[i]."""
+
+    def __init__(self, name: str, values: tuple):
+        self.name, self.values = name, values
+        self.type = "int" if all(isinstance(v, int) for v in values) else "float"
+
+    def __getitem__(self, i) -> X:
+        i = lift(i)
+        if i.type != "int":
+            raise TypeError(f"kl: {self.name}[{i.type}]")
+        return X("at", (i,), (self.name, self.values), self.type)
+
+
+# words GLSL ES 3.00 or JavaScript reserve that a kernel might take for a variable's name (GLSL's flat, sample, ...)
+_RESERVED = frozenset(
+    "attribute break buffer case cast centroid class common const continue default discard do double else enum "
+    "extern external filter fixed flat for function goto half highp if image in inline inout input interface "
+    "invariant layout let long lowp mediump namespace new noinline noperspective out output packed partition patch "
+    "precision public resource return sample shared short sizeof smooth static struct superp switch template this "
+    "typedef typeof uniform union unsigned using var varying void volatile while with yield".split())
+
+
 class KernelDef:
     """A kernel's statements: ("let", name, expr), ("set", name, expr), ("for", name, start, stop, body),
     ("if", cond, body), ("setlane", name, i, expr), ("out", i, expr). `inputs`: the textures it loads, in the order they are bound; `outputs`: how many it writes."""
@@ -218,7 +241,8 @@ class KernelDef:
         return self._blocks[0]
 
     def _name(self, name: str) -> str:
-        if name in self._names or name in ("row", "col", "c", "u", "rows", "o") or not name.isidentifier():
+        if (name in self._names or name in ("row", "col", "c", "u", "rows", "o") or not name.isidentifier()
+                or name in _RESERVED or name.startswith("gl_") or "__" in name):
             raise ValueError(f"kl: name {name!r} is taken")
         self._names.add(name)
         return name
@@ -230,6 +254,15 @@ class KernelDef:
             raise ValueError(f"kl: symbol {name!r} = {value!r}")
         self.symbols[name] = value
         return X("sym", value=(name, value), type="int" if isinstance(value, int) else "float")
+
+    def table(self, name: str, values) -> Table:
+        """A constant array: baked into the GLSL and WGSL as a constant array; the JavaScript function reads it from
+        the kernel's constants (c[name]), as a shape constant."""
+        values = tuple(v if isinstance(v, int) else float(v) for v in values)
+        if not name.isidentifier() or not values or self.symbols.get(name, list(values)) != list(values):
+            raise ValueError(f"kl: table {name!r}")
+        self.symbols[name] = list(values)
+        return Table(name, values)
 
     def syms(self, **values) -> list[X]:
         return [self.sym(k, v) for k, v in values.items()]

@@ -60,6 +60,8 @@ def _glsl(e: X) -> str:
         return str(e.value) if e.value >= 0 else f"({e.value})"
     if op == "float":
         return glsl_float(e.value) if e.value >= 0 else f"({glsl_float(e.value)})"
+    if op == "at":
+        return f"_t{e.value[0]}[{a[0]}]"
     if op in ("var", "uniform"):
         return e.value
     if op == "row":
@@ -112,7 +114,9 @@ def glsl(k, value: bool = False) -> str:
     assert not value or k.written == {0}, "kl: a value function has one output"
     helpers, need = helper_functions(
         "float _hmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }",
-        lambda n, last, mask: f"vec4 _valid{n}(int j) {{ return j < {last} ? vec4(1.0) : vec4({mask}); }}")
+        lambda n, last, mask: f"vec4 _valid{n}(int j) {{ return j < {last} ? vec4(1.0) : vec4({mask}); }}",
+        lambda name, type_, values: (f"const {type_} _t{name}[{len(values)}] = {type_}[{len(values)}]("
+                                     + ", ".join(str(v) if type_ == "int" else glsl_float(v) for v in values) + ");"))
     lines = c_like_block(k.body, 1, _glsl, need, {
         "for": lambda i, start, stop: f"for (int {i} = {start}; {i} < {stop}; {i}++) {{",
         "let": lambda name, type_, e: f"{_GLSL_TYPE[type_]} {name} = {e};",
@@ -125,15 +129,18 @@ def glsl(k, value: bool = False) -> str:
     return "\n".join([*sorted(helpers.values()), "void main() {", "  ivec2 _p = outCoord();", *lines, "}"]) + "\n"
 
 
-def helper_functions(hmax: str, valid):
+def helper_functions(hmax: str, valid, table):
     """The helper functions a kernel's expressions call, as a target spells them: `hmax` (the source of _hmax), and
-    valid(n, last, mask) -> the source of _validN (1.0 in every lane of a texel j < last, `mask` in texel `last`).
+    valid(n, last, mask) -> the source of _validN (1.0 in every lane of a texel j < last, `mask` in texel `last`),
+    table(name, type, values) -> the declaration of constant array _tNAME (KernelDef.table).
     Returns ({name: source}, need), need(e) adding those that expression e calls."""
     helpers: dict[str, str] = {}
 
     def need(e: X):
         if e.op == "hmax":
             helpers["_hmax"] = hmax
+        if e.op == "at":
+            helpers[f"_t{e.value[0]}"] = table(e.value[0], e.type, e.value[1])
         if e.op in ("valid", "isvalid"):
             n = _const(e.args[1])
             rem = n % 4 or 4
@@ -207,6 +214,9 @@ class _JS:
         if op == "sym":
             self.symbols.add(e.value[0])
             return f"c.{e.value[0]}"
+        if op == "at":
+            self.symbols.add(e.value[0])
+            return f"c.{e.value[0]}[{self.scalar(e.args[0])}]"
         if op == "var":
             return e.value
         if op == "uniform":

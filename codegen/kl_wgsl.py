@@ -64,6 +64,8 @@ def _w(e: X) -> str:
         return _float(e.value) if e.value >= 0 else f"(-{_float(-e.value)})"
     if op == "sym":
         return _w(X("float", value=float(e.value[1])))
+    if op == "at":
+        return f"_t{e.value[0]}[{a[0]}]"
     if op == "var":
         return _name(e.value)
     if op == "uniform":
@@ -141,7 +143,10 @@ def wgsl(k, inputs: list[str], outputs: int) -> str:
     helpers, need = helper_functions(
         "fn _hmax(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }",
         lambda n, last, mask: (f"fn _valid{n}(j: i32) -> vec4<f32> {{ return select(vec4<f32>({mask}), vec4<f32>(1.0), "
-                               f"j < {last}); }}"))
+                               f"j < {last}); }}"),
+        lambda name, type_, values: (f"var<private> _t{name}: array<{_TYPE[type_]}, {len(values)}> = "
+                                     f"array<{_TYPE[type_]}, {len(values)}>("
+                                     + ", ".join(str(v) if type_ == "int" else _float(v) for v in values) + ");"))
     v = _name
     lines = c_like_block(k.body, 1, _w, need, {
         "for": lambda i, start, stop: f"for (var {v(i)}: i32 = {start}; {v(i)} < {stop}; {v(i)}++) {{",

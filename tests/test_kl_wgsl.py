@@ -1,6 +1,7 @@
 """The kernel language's WGSL printer (codegen/kl_wgsl.py), run as WebGPU compute shaders in Chromium (SwiftShader's
 WebGPU adapter, --enable-unsafe-webgpu): every kernel written in the language that real models schedule (pools,
-reductions, softmax, forward and backward, with their shape constants) computes on random textures what the same
+reductions, softmax, resample, gather, the bias gradients, ..., forward and backward, with their shape constants
+and constant arrays) computes on random textures what the same
 kernel printed as the CPU backend's JavaScript computes, run by node. The JavaScript is the CPU backend's, which
 the op tests check against PyTorch; so the WGSL is checked against PyTorch through it.
 """
@@ -75,8 +76,24 @@ class Embedded(nn.Module):
         return self.head(self.emb(ids)).mean(1)
 
 
+class Resampled(nn.Module):
+    """Upsampling, reflect padding, a transpose and a slice: resample and gather kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3, padding=1)
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.head = nn.Linear(5 * 9 * 9, 4)
+
+    def forward(self, x):  # (3, 5, 4)
+        y = torch.nn.functional.pad(self.up(self.conv(x)), (1, 0, 0, 1), mode="reflect")  # (5, 11, 9)
+        y = y.transpose(2, 3)[:, :, :, 1:10]  # (5, 9, 9)
+        return self.head(torch.tanh(y).flatten(1))
+
+
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
-          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (4,), "int64")}
+          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (4,), "int64"),
+          "resampled": (Resampled, (3, 5, 4), "float32")}
 
 
 def kl_passes(name):
@@ -172,7 +189,8 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
             "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad", "grad_sum"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad", "conv_grad_bias",
                        "dense_grad_bias"},
-            "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"}}
+            "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"},
+            "resampled": {"resample", "gather", "gather_grad", "conv_grad_bias", "dense_grad_bias"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
