@@ -14,11 +14,12 @@ from __future__ import annotations
 from .kernels import glsl_float
 from .kl import X
 
-_GLSL_TYPE = {"int": "int", "float": "float", "vec4": "vec4", "bool": "bool", "bvec4": "bvec4"}
+_GLSL_TYPE = {"int": "int", "float": "float", "vec4": "vec4", "bool": "bool", "bvec4": "bvec4", "uint": "uint"}
 _GLSL_VECTOR_CMP = {"lt": "lessThan", "gt": "greaterThan", "le": "lessThanEqual", "ge": "greaterThanEqual",
                     "eq": "equal", "ne": "notEqual"}
 _LOGIC = {"and": "&&", "or": "||"}
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%"}
+_BITS = {"xor": "^", "shr": ">>"}  # of uints (JavaScript's: _JS._op)
 
 
 def _infix(op: str, a: list[str]) -> str:
@@ -26,7 +27,7 @@ def _infix(op: str, a: list[str]) -> str:
     case of its printer), negation, && and ||, and the scalar comparisons."""
     if op == "neg":
         return f"(-{a[0]})"
-    sym = _ARITH.get(op) or _LOGIC.get(op) or _SCALAR_CMP[op]
+    sym = _ARITH.get(op) or _LOGIC.get(op) or _BITS.get(op) or _SCALAR_CMP[op]
     return f"({a[0]} {sym} {a[1]})"
 
 
@@ -60,6 +61,10 @@ def _glsl(e: X) -> str:
         return str(e.value) if e.value >= 0 else f"({e.value})"
     if op == "float":
         return glsl_float(e.value) if e.value >= 0 else f"({glsl_float(e.value)})"
+    if op == "uint":
+        return f"{e.value}u"
+    if op == "uint_of":
+        return f"uint({a[0]})"
     if op == "at":
         return f"_t{e.value[0]}[{a[0]}]"
     if op in ("var", "uniform"):
@@ -78,7 +83,7 @@ def _glsl(e: X) -> str:
         return f"float({a[0]})"
     if op == "int_of":
         return f"int({a[0]})"
-    if op in _LOGIC or op in _ARITH or op == "neg":
+    if op in _LOGIC or op in _ARITH or op in _BITS or op == "neg":
         return _infix(op, a)
     if op in ("exp", "log", "sqrt", "abs", "max", "min", "dot"):
         return f"{op}({', '.join(a)})"
@@ -217,6 +222,10 @@ class _JS:
         if op == "at":
             self.symbols.add(e.value[0])
             return f"c.{e.value[0]}[{self.scalar(e.args[0])}]"
+        if op == "uint":
+            return str(e.value)
+        if op == "uint_of":
+            return f"({self.scalar(e.args[0])} >>> 0)"
         if op == "var":
             return e.value
         if op == "uniform":
@@ -249,6 +258,9 @@ class _JS:
         op = e.op
         if op == "idiv":
             return f"(({a[0]} / {a[1]}) | 0)"
+        if e.type == "uint":  # kept in [0, 2^32): wrapped as GLSL's uint arithmetic wraps
+            return {"add": f"(({a[0]} + {a[1]}) >>> 0)", "mul": f"(Math.imul({a[0]}, {a[1]}) >>> 0)",
+                    "xor": f"(({a[0]} ^ {a[1]}) >>> 0)", "shr": f"({a[0]} >>> {a[1]})"}[op]
         if op in _JS_FN:
             return f"{_JS_FN[op]}({', '.join(a)})"
         if op in ("eq", "ne"):  # strict: both sides are numbers

@@ -30,9 +30,9 @@ from .kl_print import _const, c_like_block, helper_functions
 WORKGROUP = 64
 MAX_GROUPS = 65535
 
-_TYPE = {"int": "i32", "float": "f32", "vec4": "vec4<f32>", "bool": "bool", "bvec4": "vec4<bool>"}
+_TYPE = {"int": "i32", "float": "f32", "vec4": "vec4<f32>", "bool": "bool", "bvec4": "vec4<bool>", "uint": "u32"}
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%", "and": "&&", "or": "||",
-          "lt": "<", "gt": ">", "le": "<=", "ge": ">=", "eq": "==", "ne": "!="}
+          "lt": "<", "gt": ">", "le": "<=", "ge": ">=", "eq": "==", "ne": "!=", "xor": "^", "shr": ">>"}
 
 
 def _float(v: float) -> str:
@@ -64,6 +64,10 @@ def _w(e: X) -> str:
         return _float(e.value) if e.value >= 0 else f"(-{_float(-e.value)})"
     if op == "sym":
         return _w(X("float", value=float(e.value[1])))
+    if op == "uint":
+        return f"{e.value}u"
+    if op == "uint_of":
+        return f"u32({a[0]})"
     if op == "at":
         return f"_t{e.value[0]}[{a[0]}]"
     if op == "var":

@@ -153,8 +153,11 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "textures_json": _js_json(textures),
         "kernels_json": _js_json(kernels),
         "elementwise": elementwise,
-        # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
-        "cpu_kernels": sorted({k["template"] for k in kernels} - {"kl"}),
+        # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone; and "dropout" where
+        # a dropout layer runs (its kernel is printed from the kernel language): model.js.j2 and bundle.js.j2 read
+        # that to draw each step's masks (dropout.js)
+        "cpu_kernels": sorted({k["template"] for k in kernels} - {"kl"}
+                              | ({"dropout"} if any(k["name"].startswith("dropout ") for k in kernels) else set())),
         # the CPU functions of the kernels written in the kernel language (codegen/kl_print.py)
         "cpu_generated": generated,
         "transfer_piece_bytes": transfer_piece_bytes,

@@ -135,3 +135,28 @@ def test_tables_and_the_value_function():
     with pytest.raises(TypeError):
         ids[1.0]
 
+
+def test_uint_hash_is_prep_dropouts_bit_for_bit():
+    """The uints of the language (+ and * wrapping, ^, >>) print as GLSL's uint arithmetic and JavaScript's >>> 0:
+    the dropout kernel's masks (ops/dropout.py) are prep/dropout.py's, exactly, on a shape with padding lanes."""
+    from texelfit.codegen.ops.dropout import _kl as dropout_kl
+    from texelfit.prep import dropout as dp
+
+    c, h, w, n, p, seed, step = 6, 2, 3, 2, 0.3, 11, 5
+    k = dropout_kl(c, h, w, float(np.float32(p)), float(dp.scale(p)), dp.salt("drop"))
+    c4 = -(-c // 4)
+    x = np.random.default_rng(0).standard_normal((n, c, h, w)).astype(np.float32)
+    tex = np.zeros((n, h, w, c4 * 4), dtype=np.float32)
+    tex[..., :c] = x.transpose(0, 2, 3, 1)
+    tex = tex.reshape(n * h, w * c4, 4)
+    u = {"u_dropout": 1, "u_dropseed": dp.step_seed(seed, step)}
+    got = _run_js(k, {"X": tex}, w * c4, n * h, u).reshape(n, h, w, c4 * 4)[..., :c].transpose(0, 3, 1, 2)
+    ref = x * dp.mask(seed, step, "drop", p, x.shape)
+    np.testing.assert_array_equal(got.astype(np.float32), ref)
+    assert 0 < (ref == 0).mean() < 1, "some dropped, some kept"
+    got = _run_js(k, {"X": tex}, w * c4, n * h, {"u_dropout": 0, "u_dropseed": 3})
+    np.testing.assert_array_equal(got, tex)
+    src = glsl(k)
+    assert "uint hash = (uint(u_dropseed) ^ inner);" in src and "(hash * 2221713035u)" in src
+    with pytest.raises(TypeError, match="uints"):
+        kl.to_uint(ROW) + ROW

@@ -25,8 +25,9 @@ from texelfit.prep.layout import plan_layout
 from texelfit.prep.load import export_simplified
 
 BATCH = 3
-# the per-step uniforms a kernel may read (codegen/kernels.py: UNIFORM_TYPES): a loss scale other than 1
-UNIFORMS = {"u_batch": BATCH, "u_loss_scale": 4.0}
+# the per-step uniforms a kernel may read (codegen/kernels.py: UNIFORM_TYPES): a loss scale other than 1, and a
+# training step's dropout (its masks drawn, from a seed with all 31 bits in use)
+UNIFORMS = {"u_batch": BATCH, "u_loss_scale": 4.0, "u_dropout": 1.0, "u_dropseed": 0x6A09E667}
 
 
 class Pools(nn.Module):
@@ -188,7 +189,7 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
                       "log_softmax_forward", "maxpool_forward", "maxpool_grad", "conv_grad_bias", "dense_grad_bias"},
             "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad", "grad_sum"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad", "conv_grad_bias",
-                       "dense_grad_bias"},
+                       "dense_grad_bias", "dropout"},
             "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"},
             "resampled": {"resample", "gather", "gather_grad", "conv_grad_bias", "dense_grad_bias"}}
 
