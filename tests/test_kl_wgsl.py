@@ -92,9 +92,25 @@ class Resampled(nn.Module):
         return self.head(torch.tanh(y).flatten(1))
 
 
+class Tokened(nn.Module):
+    """A class token (a parameter's part of a gather, and its gradient summed over the batch) and constant rows
+    joined to the tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.cls = nn.Parameter(torch.randn(1, 1, 7))
+        self.a = nn.Linear(7, 6)
+        self.register_buffer("pad", torch.linspace(-1, 1, 14).reshape(1, 2, 7))
+
+    def forward(self, x):  # (5, 7) tokens
+        n = x.shape[0]
+        y = torch.cat([self.cls.expand(n, -1, -1), x, self.pad.expand(n, -1, -1)], 1)  # (8, 7)
+        return self.a(y).mean(1)
+
+
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
           "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (4,), "int64"),
-          "resampled": (Resampled, (3, 5, 4), "float32")}
+          "resampled": (Resampled, (3, 5, 4), "float32"), "tokened": (Tokened, (5, 7), "float32")}
 
 
 def kl_passes(name):
@@ -191,7 +207,8 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad", "conv_grad_bias",
                        "dense_grad_bias", "dropout"},
             "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"},
-            "resampled": {"resample", "gather", "gather_grad", "conv_grad_bias", "dense_grad_bias"}}
+            "resampled": {"resample", "gather", "gather_grad", "conv_grad_bias", "dense_grad_bias"},
+            "tokened": {"gather", "gather_grad"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
