@@ -49,6 +49,9 @@ class Kernel:
     # a kernel written in the kernel language (codegen/kl.py: a KernelDef): its GLSL and its CPU function are
     # printed from it (codegen/kl_print.py; `template` is then "kl"), where the others fill a template
     kl: object = field(default=None, hash=False, compare=False)
+    # an optimizer's (ops/optim.py): the gradient kernel it includes, where that is written in the kernel language;
+    # its GLSL is printed as the function valueAt (kl_print.glsl(value=True)), its CPU function called by the twin
+    gradient: Kernel | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self):
         unknown = [u for u in self.uniforms if u not in UNIFORM_TYPES]
@@ -103,6 +106,10 @@ def render_kernel(kernel: Kernel) -> str:
 
         body = glsl(kernel.kl)
     else:
+        if kernel.gradient is not None:
+            from .kl_print import glsl
+
+            ctx["gradient_glsl"] = glsl(kernel.gradient.kl, value=True)
         body = env.get_template("kernels/" + kernel.template).render(ctx)
     return compact_glsl(env.get_template("kernels/prelude.glsl.j2").render(ctx, body=body))
 

@@ -16,7 +16,8 @@ Expressions are trees of `X` nodes: constants (Python ints and floats lift to in
 (`k.sym(name, value)`: a literal in GLSL, read from the kernel's constants in JavaScript), `ROW`, `COL`,
 `uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `to_float(i)`, `to_int(f)`, arithmetic (a vec4
 with a float broadcasts), exp, log, sqrt, abs, maximum, minimum, comparisons (`a.eq(b)`, `a.ne(b)` for == and !=), & and | of bools,
-`select(cond, a, b)`, `dot`, `hmax`, `hsum`, and
+`select(cond, a, b)`, `dot`, `hmax`, `hsum`, constant arrays (`t = k.table(name, values)`, read as `t[i]`), uints
+(`u32(v)`, `to_uint(i)`: + and * wrap, ^, >>), and
 `valid(cols, j)`: 1.0 in each lane of channel texel j that holds one of `cols` channels, 0.0 in padding lanes
 (`is_valid(cols, j)`: the same as a condition).
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-TYPES = ("int", "float", "vec4", "bool", "bvec4")
+TYPES = ("int", "float", "vec4", "bool", "bvec4", "uint")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class X:
     type: str = "float"
 
     def _bin(self, op, o, swap=False):
+        if self.type == "uint" and isinstance(o, int) and not isinstance(o, bool):
+            o = u32(o)
         a, b = (lift(o), self) if swap else (self, lift(o))
         return X(op, (a, b), type=_arith_type(op, a, b))
 
@@ -63,6 +66,8 @@ class X:
 
     def __and__(self, o): return _logic("and", self, o)
     def __or__(self, o): return _logic("or", self, o)
+    def __xor__(self, o): return self._bin("xor", o)
+    def __rshift__(self, o): return self._bin("shr", o)
 
 
 def lift(v) -> X:
@@ -75,7 +80,29 @@ def lift(v) -> X:
     return X("float", value=float(v), type="float")
 
 
+def u32(v: int) -> X:
+    """An unsigned 32-bit constant. uint values (u32, to_uint) wrap modulo 2^32 in + and *, and have ^ and >> (by a
+    uint): what an integer hash needs (ops/dropout.py), printed alike in GLSL, JavaScript and WGSL."""
+    if not 0 <= v < 1 << 32:
+        raise ValueError(f"kl: u32 {v}")
+    return X("uint", value=v, type="uint")
+
+
+def to_uint(i) -> X:
+    """A non-negative int as a uint."""
+    i = lift(i)
+    if i.type != "int":
+        raise TypeError(f"kl: to_uint of a {i.type}")
+    return X("uint_of", (i,), type="uint")
+
+
 def _arith_type(op: str, a: X, b: X) -> str:
+    if "uint" in (a.type, b.type):
+        if a.type != b.type or op not in ("add", "mul", "xor", "shr"):
+            raise TypeError(f"kl: {op} of {a.type} and {b.type} (uints: + * ^ >> of two uints)")
+        return "uint"
+    if op in ("xor", "shr"):
+        raise TypeError(f"kl: {op} of {a.type} and {b.type} (uints only)")
     if op in ("idiv", "mod"):
         if a.type != "int" or b.type != "int":
             raise TypeError(f"kl: {op} of {a.type} and {b.type} (integers only)")
@@ -105,7 +132,7 @@ def _logic(op, a, b) -> X:
 
 def to_float(i) -> X:
     i = lift(i)
-    if i.type != "int":
+    if i.type not in ("int", "uint"):
         raise TypeError(f"kl: to_float of a {i.type}")
     return X("float_of", (i,), type="float")
 
@@ -202,6 +229,29 @@ def var(name: str, type_: str) -> X:
     return X("var", value=name, type=type_)
 
 
+class Table:
+    """A kernel's constant array of ints or floats (KernelDef.table), read at an int index: t[i]."""
+
+    def __init__(self, name: str, values: tuple):
+        self.name, self.values = name, values
+        self.type = "int" if all(isinstance(v, int) for v in values) else "float"
+
+    def __getitem__(self, i) -> X:
+        i = lift(i)
+        if i.type != "int":
+            raise TypeError(f"kl: {self.name}[{i.type}]")
+        return X("at", (i,), (self.name, self.values), self.type)
+
+
+# words GLSL ES 3.00 or JavaScript reserve that a kernel might take for a variable's name (GLSL's flat, sample, ...)
+_RESERVED = frozenset(
+    "attribute break buffer case cast centroid class common const continue default discard do double else enum "
+    "extern external filter fixed flat for function goto half highp if image in inline inout input interface "
+    "invariant layout let long lowp mediump namespace new noinline noperspective out output packed partition patch "
+    "precision public resource return sample shared short sizeof smooth static struct superp switch template this "
+    "typedef typeof uniform union unsigned using var varying void volatile while with yield".split())
+
+
 class KernelDef:
     """A kernel's statements: ("let", name, expr), ("set", name, expr), ("for", name, start, stop, body),
     ("if", cond, body), ("setlane", name, i, expr), ("out", i, expr). `inputs`: the textures it loads, in the order they are bound; `outputs`: how many it writes."""
@@ -218,7 +268,8 @@ class KernelDef:
         return self._blocks[0]
 
     def _name(self, name: str) -> str:
-        if name in self._names or name in ("row", "col", "c", "u", "rows", "o") or not name.isidentifier():
+        if (name in self._names or name in ("row", "col", "c", "u", "rows", "o") or not name.isidentifier()
+                or name in _RESERVED or name.startswith("gl_") or "__" in name):
             raise ValueError(f"kl: name {name!r} is taken")
         self._names.add(name)
         return name
@@ -230,6 +281,15 @@ class KernelDef:
             raise ValueError(f"kl: symbol {name!r} = {value!r}")
         self.symbols[name] = value
         return X("sym", value=(name, value), type="int" if isinstance(value, int) else "float")
+
+    def table(self, name: str, values) -> Table:
+        """A constant array: baked into the GLSL and WGSL as a constant array; the JavaScript function reads it from
+        the kernel's constants (c[name]), as a shape constant."""
+        values = tuple(v if isinstance(v, int) else float(v) for v in values)
+        if not name.isidentifier() or not values or self.symbols.get(name, list(values)) != list(values):
+            raise ValueError(f"kl: table {name!r}")
+        self.symbols[name] = list(values)
+        return Table(name, values)
 
     def syms(self, **values) -> list[X]:
         return [self.sym(k, v) for k, v in values.items()]

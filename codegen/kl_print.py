@@ -14,11 +14,12 @@ from __future__ import annotations
 from .kernels import glsl_float
 from .kl import X
 
-_GLSL_TYPE = {"int": "int", "float": "float", "vec4": "vec4", "bool": "bool", "bvec4": "bvec4"}
+_GLSL_TYPE = {"int": "int", "float": "float", "vec4": "vec4", "bool": "bool", "bvec4": "bvec4", "uint": "uint"}
 _GLSL_VECTOR_CMP = {"lt": "lessThan", "gt": "greaterThan", "le": "lessThanEqual", "ge": "greaterThanEqual",
                     "eq": "equal", "ne": "notEqual"}
 _LOGIC = {"and": "&&", "or": "||"}
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%"}
+_BITS = {"xor": "^", "shr": ">>"}  # of uints (JavaScript's: _JS._op)
 
 
 def _infix(op: str, a: list[str]) -> str:
@@ -26,7 +27,7 @@ def _infix(op: str, a: list[str]) -> str:
     case of its printer), negation, && and ||, and the scalar comparisons."""
     if op == "neg":
         return f"(-{a[0]})"
-    sym = _ARITH.get(op) or _LOGIC.get(op) or _SCALAR_CMP[op]
+    sym = _ARITH.get(op) or _LOGIC.get(op) or _BITS.get(op) or _SCALAR_CMP[op]
     return f"({a[0]} {sym} {a[1]})"
 
 
@@ -60,6 +61,12 @@ def _glsl(e: X) -> str:
         return str(e.value) if e.value >= 0 else f"({e.value})"
     if op == "float":
         return glsl_float(e.value) if e.value >= 0 else f"({glsl_float(e.value)})"
+    if op == "uint":
+        return f"{e.value}u"
+    if op == "uint_of":
+        return f"uint({a[0]})"
+    if op == "at":
+        return f"_t{e.value[0]}[{a[0]}]"
     if op in ("var", "uniform"):
         return e.value
     if op == "row":
@@ -76,7 +83,7 @@ def _glsl(e: X) -> str:
         return f"float({a[0]})"
     if op == "int_of":
         return f"int({a[0]})"
-    if op in _LOGIC or op in _ARITH or op == "neg":
+    if op in _LOGIC or op in _ARITH or op in _BITS or op == "neg":
         return _infix(op, a)
     if op in ("exp", "log", "sqrt", "abs", "max", "min", "dot"):
         return f"{op}({', '.join(a)})"
@@ -106,28 +113,39 @@ def _vec(e: X, text: str) -> str:
     return text if e.type == "vec4" else f"vec4({text})"
 
 
-def glsl(k) -> str:
+def glsl(k, value: bool = False) -> str:
+    """The body of main(); with `value`, the function vec4 valueAt(ivec2 _p) returning the texel out0 would be:
+    how an optimizer includes its parameter's gradient kernel (ops/optim.py; kernels/sgd.glsl.j2)."""
+    assert not value or k.written == {0}, "kl: a value function has one output"
     helpers, need = helper_functions(
         "float _hmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }",
-        lambda n, last, mask: f"vec4 _valid{n}(int j) {{ return j < {last} ? vec4(1.0) : vec4({mask}); }}")
+        lambda n, last, mask: f"vec4 _valid{n}(int j) {{ return j < {last} ? vec4(1.0) : vec4({mask}); }}",
+        lambda name, type_, values: (f"const {type_} _t{name}[{len(values)}] = {type_}[{len(values)}]("
+                                     + ", ".join(str(v) if type_ == "int" else glsl_float(v) for v in values) + ");"))
     lines = c_like_block(k.body, 1, _glsl, need, {
         "for": lambda i, start, stop: f"for (int {i} = {start}; {i} < {stop}; {i}++) {{",
         "let": lambda name, type_, e: f"{_GLSL_TYPE[type_]} {name} = {e};",
         "set": lambda name, e: f"{name} = {e};",
         "setlane": lambda name, i, e: f"{name}[{i}] = {e};",
-        "out": lambda i, e: f"out{i} = {e};"})
+        "out": lambda i, e: f"_value = {e};" if value else f"out{i} = {e};"})
+    if value:
+        return "\n".join([*sorted(helpers.values()), "vec4 valueAt(ivec2 _p) {", "  vec4 _value;", *lines,
+                          "  return _value;", "}"]) + "\n"
     return "\n".join([*sorted(helpers.values()), "void main() {", "  ivec2 _p = outCoord();", *lines, "}"]) + "\n"
 
 
-def helper_functions(hmax: str, valid):
+def helper_functions(hmax: str, valid, table):
     """The helper functions a kernel's expressions call, as a target spells them: `hmax` (the source of _hmax), and
-    valid(n, last, mask) -> the source of _validN (1.0 in every lane of a texel j < last, `mask` in texel `last`).
+    valid(n, last, mask) -> the source of _validN (1.0 in every lane of a texel j < last, `mask` in texel `last`),
+    table(name, type, values) -> the declaration of constant array _tNAME (KernelDef.table).
     Returns ({name: source}, need), need(e) adding those that expression e calls."""
     helpers: dict[str, str] = {}
 
     def need(e: X):
         if e.op == "hmax":
             helpers["_hmax"] = hmax
+        if e.op == "at":
+            helpers[f"_t{e.value[0]}"] = table(e.value[0], e.type, e.value[1])
         if e.op in ("valid", "isvalid"):
             n = _const(e.args[1])
             rem = n % 4 or 4
@@ -201,6 +219,13 @@ class _JS:
         if op == "sym":
             self.symbols.add(e.value[0])
             return f"c.{e.value[0]}"
+        if op == "at":
+            self.symbols.add(e.value[0])
+            return f"c.{e.value[0]}[{self.scalar(e.args[0])}]"
+        if op == "uint":
+            return str(e.value)
+        if op == "uint_of":
+            return f"({self.scalar(e.args[0])} >>> 0)"
         if op == "var":
             return e.value
         if op == "uniform":
@@ -233,6 +258,9 @@ class _JS:
         op = e.op
         if op == "idiv":
             return f"(({a[0]} / {a[1]}) | 0)"
+        if e.type == "uint":  # kept in [0, 2^32): wrapped as GLSL's uint arithmetic wraps
+            return {"add": f"(({a[0]} + {a[1]}) >>> 0)", "mul": f"(Math.imul({a[0]}, {a[1]}) >>> 0)",
+                    "xor": f"(({a[0]} ^ {a[1]}) >>> 0)", "shr": f"({a[0]} >>> {a[1]})"}[op]
         if op in _JS_FN:
             return f"{_JS_FN[op]}({', '.join(a)})"
         if op in ("eq", "ne"):  # strict: both sides are numbers

@@ -30,9 +30,9 @@ from .kl_print import _const, c_like_block, helper_functions
 WORKGROUP = 64
 MAX_GROUPS = 65535
 
-_TYPE = {"int": "i32", "float": "f32", "vec4": "vec4<f32>", "bool": "bool", "bvec4": "vec4<bool>"}
+_TYPE = {"int": "i32", "float": "f32", "vec4": "vec4<f32>", "bool": "bool", "bvec4": "vec4<bool>", "uint": "u32"}
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%", "and": "&&", "or": "||",
-          "lt": "<", "gt": ">", "le": "<=", "ge": ">=", "eq": "==", "ne": "!="}
+          "lt": "<", "gt": ">", "le": "<=", "ge": ">=", "eq": "==", "ne": "!=", "xor": "^", "shr": ">>"}
 
 
 def _float(v: float) -> str:
@@ -64,6 +64,12 @@ def _w(e: X) -> str:
         return _float(e.value) if e.value >= 0 else f"(-{_float(-e.value)})"
     if op == "sym":
         return _w(X("float", value=float(e.value[1])))
+    if op == "uint":
+        return f"{e.value}u"
+    if op == "uint_of":
+        return f"u32({a[0]})"
+    if op == "at":
+        return f"_t{e.value[0]}[{a[0]}]"
     if op == "var":
         return _name(e.value)
     if op == "uniform":
@@ -141,7 +147,10 @@ def wgsl(k, inputs: list[str], outputs: int) -> str:
     helpers, need = helper_functions(
         "fn _hmax(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }",
         lambda n, last, mask: (f"fn _valid{n}(j: i32) -> vec4<f32> {{ return select(vec4<f32>({mask}), vec4<f32>(1.0), "
-                               f"j < {last}); }}"))
+                               f"j < {last}); }}"),
+        lambda name, type_, values: (f"var<private> _t{name}: array<{_TYPE[type_]}, {len(values)}> = "
+                                     f"array<{_TYPE[type_]}, {len(values)}>("
+                                     + ", ".join(str(v) if type_ == "int" else _float(v) for v in values) + ");"))
     v = _name
     lines = c_like_block(k.body, 1, _w, need, {
         "for": lambda i, start, stop: f"for (var {v(i)}: i32 = {start}; {v(i)} < {stop}; {v(i)}++) {{",

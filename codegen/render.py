@@ -157,6 +157,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "elementwise": elementwise,
         # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
         "cpu_kernels": sorted({k["template"] for k in kernels} - {"kl"}),
+        "has_dropout": bool(model.get("dropout")),  # dropout layers: bundle.js.j2 adds dropout.js (each step's masks)
         # the CPU functions of the kernels written in the kernel language (codegen/kl_print.py)
         "cpu_generated": generated,
         "transfer_piece_bytes": transfer_piece_bytes,

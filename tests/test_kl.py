@@ -36,8 +36,8 @@ def test_type_rules():
         k.set(kl.var("a", "int"), 1.0)
 
 
-def _run_js(k, inputs: dict[str, np.ndarray], out_width: int, rows: int) -> np.ndarray:
-    """Runs the printed function in node: textures are [rows, width, 4] float32 arrays."""
+def _run_js(k, inputs: dict[str, np.ndarray], out_width: int, rows: int, u: dict | None = None) -> np.ndarray:
+    """Runs the printed function in node: textures are [rows, width, 4] float32 arrays; `u` the uniforms."""
     fn = js(k, list(inputs), 1)
     tex = {n: {"width": a.shape[1], "data": a.reshape(-1).tolist()} for n, a in inputs.items()}
     script = f"""
@@ -45,7 +45,7 @@ const fn = {fn};
 const t = {json.dumps(tex)};
 const ins = {json.dumps(list(inputs))}.map((n) => ({{ width: t[n].width, data: Float32Array.from(t[n].data) }}));
 const out = {{ width: {out_width}, data: new Float32Array({rows * out_width * 4}) }};
-fn({json.dumps(k.symbols)}, ins, [out], {{}}, {rows});
+fn({json.dumps(k.symbols)}, ins, [out], {json.dumps(u or {})}, {rows});
 console.log(JSON.stringify(Array.from(out.data)));
 """
     got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
@@ -117,3 +117,46 @@ def test_to_int_truncates_a_float_toward_zero():
     got = _run_js(k, {"X": tex}, 3, 1)
     np.testing.assert_array_equal(got[0, :, 0], [2.0, 2.0, -1.0])
     assert "int i = int(getX(_p.y, _p.x)[0]);" in glsl(k)
+
+
+def test_tables_and_the_value_function():
+    """k.table: a constant array, baked into the GLSL, read from the constants in JavaScript; glsl(value=True): the
+    kernel as the function valueAt an optimizer includes (ops/optim.py)."""
+    k = kl.KernelDef()
+    ids, weights = k.table("ids", [2, 0, 1]), k.table("weights", [0.5, -1.0, 4.0])
+    k.out(load("X", ROW, ids[COL]) * weights[COL])
+    tex = np.arange(3 * 4, dtype=np.float32).reshape(1, 3, 4)
+    got = _run_js(k, {"X": tex}, 3, 1)
+    np.testing.assert_array_equal(got[0], tex[0, [2, 0, 1]] * np.array([[0.5], [-1.0], [4.0]]))
+    src = glsl(k)
+    assert "const int _tids[3] = int[3](2, 0, 1);" in src and "const float _tweights[3] = float[3](0.5, -1.0, 4.0);" in src
+    value = glsl(k, value=True)
+    assert "vec4 valueAt(ivec2 _p) {" in value and "return _value;" in value and "out0" not in value
+    with pytest.raises(TypeError):
+        ids[1.0]
+
+
+def test_uint_hash_is_prep_dropouts_bit_for_bit():
+    """The uints of the language (+ and * wrapping, ^, >>) print as GLSL's uint arithmetic and JavaScript's >>> 0:
+    the dropout kernel's masks (ops/dropout.py) are prep/dropout.py's, exactly, on a shape with padding lanes."""
+    from texelfit.codegen.ops.dropout import _kl as dropout_kl
+    from texelfit.prep import dropout as dp
+
+    c, h, w, n, p, seed, step = 6, 2, 3, 2, 0.3, 11, 5
+    k = dropout_kl(c, h, w, float(np.float32(p)), float(dp.scale(p)), dp.salt("drop"))
+    c4 = -(-c // 4)
+    x = np.random.default_rng(0).standard_normal((n, c, h, w)).astype(np.float32)
+    tex = np.zeros((n, h, w, c4 * 4), dtype=np.float32)
+    tex[..., :c] = x.transpose(0, 2, 3, 1)
+    tex = tex.reshape(n * h, w * c4, 4)
+    u = {"u_dropout": 1, "u_dropseed": dp.step_seed(seed, step)}
+    got = _run_js(k, {"X": tex}, w * c4, n * h, u).reshape(n, h, w, c4 * 4)[..., :c].transpose(0, 3, 1, 2)
+    ref = x * dp.mask(seed, step, "drop", p, x.shape)
+    np.testing.assert_array_equal(got.astype(np.float32), ref)
+    assert 0 < (ref == 0).mean() < 1, "some dropped, some kept"
+    got = _run_js(k, {"X": tex}, w * c4, n * h, {"u_dropout": 0, "u_dropseed": 3})
+    np.testing.assert_array_equal(got, tex)
+    src = glsl(k)
+    assert "uint hash = (uint(u_dropseed) ^ inner);" in src and "(hash * 2221713035u)" in src
+    with pytest.raises(TypeError, match="uints"):
+        kl.to_uint(ROW) + ROW

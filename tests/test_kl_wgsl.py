@@ -1,6 +1,7 @@
 """The kernel language's WGSL printer (codegen/kl_wgsl.py), run as WebGPU compute shaders in Chromium (SwiftShader's
 WebGPU adapter, --enable-unsafe-webgpu): every kernel written in the language that real models schedule (pools,
-reductions, softmax, forward and backward, with their shape constants) computes on random textures what the same
+reductions, softmax, resample, gather, the bias gradients, ..., forward and backward, with their shape constants
+and constant arrays) computes on random textures what the same
 kernel printed as the CPU backend's JavaScript computes, run by node. The JavaScript is the CPU backend's, which
 the op tests check against PyTorch; so the WGSL is checked against PyTorch through it.
 """
@@ -24,6 +25,9 @@ from texelfit.prep.layout import plan_layout
 from texelfit.prep.load import export_simplified
 
 BATCH = 3
+# the per-step uniforms a kernel may read (codegen/kernels.py: UNIFORM_TYPES): a loss scale other than 1, and a
+# training step's dropout (its masks drawn, from a seed with all 31 bits in use)
+UNIFORMS = {"u_batch": BATCH, "u_loss_scale": 4.0, "u_dropout": 1.0, "u_dropseed": 0x6A09E667}
 
 
 class Pools(nn.Module):
@@ -73,8 +77,40 @@ class Embedded(nn.Module):
         return self.head(self.emb(ids)).mean(1)
 
 
+class Resampled(nn.Module):
+    """Upsampling, reflect padding, a transpose and a slice: resample and gather kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3, padding=1)
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.head = nn.Linear(5 * 9 * 9, 4)
+
+    def forward(self, x):  # (3, 5, 4)
+        y = torch.nn.functional.pad(self.up(self.conv(x)), (1, 0, 0, 1), mode="reflect")  # (5, 11, 9)
+        y = y.transpose(2, 3)[:, :, :, 1:10]  # (5, 9, 9)
+        return self.head(torch.tanh(y).flatten(1))
+
+
+class Tokened(nn.Module):
+    """A class token (a parameter's part of a gather, and its gradient summed over the batch) and constant rows
+    joined to the tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.cls = nn.Parameter(torch.randn(1, 1, 7))
+        self.a = nn.Linear(7, 6)
+        self.register_buffer("pad", torch.linspace(-1, 1, 14).reshape(1, 2, 7))
+
+    def forward(self, x):  # (5, 7) tokens
+        n = x.shape[0]
+        y = torch.cat([self.cls.expand(n, -1, -1), x, self.pad.expand(n, -1, -1)], 1)  # (8, 7)
+        return self.a(y).mean(1)
+
+
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
-          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (4,), "int64")}
+          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (4,), "int64"),
+          "resampled": (Resampled, (3, 5, 4), "float32"), "tokened": (Tokened, (5, 7), "float32")}
 
 
 def kl_passes(name):
@@ -157,7 +193,7 @@ const fn = {fn};
 const src = {json.dumps([a.reshape(-1).tolist() for a in inputs])};
 const ins = src.map((d, i) => ({{ width: {json.dumps(widths)}[i], data: Float32Array.from(d) }}));
 const outs = Array.from({{ length: {outputs} }}, () => ({{ width: {width}, data: new Float32Array({rows * width * 4}) }}));
-fn({json.dumps(consts)}, ins, outs, {{ u_batch: {BATCH} }}, {rows});
+fn({json.dumps(consts)}, ins, outs, {json.dumps(UNIFORMS)}, {rows});
 console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 """
     got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
@@ -166,10 +202,13 @@ console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 
 # what each model schedules among the kernels written in the kernel language (a family migrated to it joins here)
 EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward", "global_avgpool_grad",
-                      "log_softmax_forward", "maxpool_forward", "maxpool_grad"},
-            "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad"},
-            "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad"},
-            "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"}}
+                      "log_softmax_forward", "maxpool_forward", "maxpool_grad", "conv_grad_bias", "dense_grad_bias"},
+            "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad", "grad_sum"},
+            "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad", "conv_grad_bias",
+                       "dense_grad_bias", "dropout"},
+            "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"},
+            "resampled": {"resample", "gather", "gather_grad", "conv_grad_bias", "dense_grad_bias"},
+            "tokened": {"gather", "gather_grad"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -186,7 +225,7 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
         data = [(rng.standard_normal((s.height, s.width, 4)) * 2).astype(np.float32) for s in specs]
         fields = struct_fields(k.kl, list(names))
         values = {"rows": rows, "width": width, **{f"w_{n}": s.width for n, s in zip(names, specs)},
-                  "u_batch": BATCH, **p.values}
+                  **UNIFORMS, **p.values}
         code = wgsl(k.kl, list(names), k.outputs)
         got = gpu_page.evaluate(RUN, {"code": code, "inputs": [d.reshape(-1).tolist() for d in data],
                                       "outputs": k.outputs, "rows": rows, "width": width,

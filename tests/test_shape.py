@@ -153,7 +153,7 @@ def test_channel_shuffle_is_one_pass_and_squeezes_are_none():
     plan = plan_layout(g, 4)
     assert all(not gather_is_view(l, g) for l in gathers)
     sched = build_schedule(g, plan)
-    assert sum(p.kernel.template == "gather.glsl.j2" for p in sched.forward) == 3
+    assert sum(p.kernel.name.startswith("gather ") for p in sched.forward) == 3
 
     factory, shape, _ = CNN_CASES["squeeze_unsqueeze"]
     g = to_ir(export_simplified(factory().eval(), shape), shape)

@@ -39,14 +39,15 @@ def grad_target(plan, layer, slot: int):
     return plan.grad_targets[(layer.name, slot)]
 
 
-def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str, ...] = ()):
+def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic: tuple[str, ...] = ()):
     """Forward and backward passes of a layer with a weight, a bias and a fused activation
     (dense and conv): {family}_forward, {family}_grad_weight, _grad_bias and _grad_input, with
     the kernel constants `c` and `title(c, what)` naming each kernel. The kernels in `generic`
     (e.g. "grad_bias") depend on no constant of the layer: they get none and a plain name, so
     one program serves every layer (programs are shared by source, codegen/schedule.py), which
     saves a shader compile per layer at the first step. A sample-blocked layer's passes have a
-    blocked twin for larger batches (blockable below)."""
+    blocked twin for larger batches (blockable below). `grad_bias(c)`: the family's bias gradient kernel (written in
+    the kernel language)."""
     x, y = layer.inputs[0], layer.outputs[0]
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
@@ -151,7 +152,7 @@ def weighted_passes(layer, plan, family: str, c: dict, title, generic: tuple[str
         backward += blockable("grad_weight", names, ("u_batch", "u_loss_scale"), factors, "pgrad:" + weight, "full",
                               blocked_reads)
     if b and "pgrad:" + bias in plan.textures:
-        backward.append(Pass(kernel("grad_bias", ("DZ",), ("u_batch", "u_loss_scale")), [dz],
+        backward.append(Pass(grad_bias(c), [dz],
                              ["pgrad:" + layer.params["bias"]], "full", layer.name))
     target = grad_target(plan, layer, 0)
     if target and x in plan.act_grad_fused:  # dX times act'(X) of the layer before: its dZ (see above)

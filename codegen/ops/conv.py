@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from texelfit.prep.layout import ceil_div
 
+from .. import kl
+from ..kernels import Kernel
+from ..kl import COL, load, splat, uniform
 from .common import activation, lanes, weighted_passes
 
 
@@ -45,9 +48,31 @@ def _title(c, what):
             f"s{c['sh']}x{c['sw']} g{c['groups']}{act}")
 
 
+def _grad_bias_kl(oh: int, ow: int, oc4: int) -> kl.KernelDef:
+    """db[oc] = sum_{n, oh, ow} dZ[n, oc, oh, ow], in the kernel language: texel oc4 of db sums texel oc4 of every
+    position of dZ's batch rows."""
+    k = kl.KernelDef()
+    oh, ow, oc4 = k.syms(oh=oh, ow=ow, oc4=oc4)
+    acc = k.let("acc", splat(0.0))
+    with k.loop("r", uniform("u_batch", "int") * oh) as r, k.loop("x", ow) as x:
+        k.set(acc, acc + load("DZ", r, x * oc4 + COL))
+    k.out(acc / uniform("u_loss_scale", "float"))  # the loss gradient came scaled (kernels.py: u_loss_scale)
+    return k
+
+
+def grad_bias(oc: int, oh: int, ow: int) -> Kernel:
+    """The bias gradient of a conv (or conv_transpose) with output (oc, oh, ow)."""
+    return Kernel(f"conv_grad_bias {oc}x{oh}x{ow}", "kl", ("DZ",), uniforms=("u_batch", "u_loss_scale"),
+                  kl=_grad_bias_kl(oh, ow, ceil_div(oc, 4)))
+
+
+def _grad_bias(c) -> Kernel:
+    return grad_bias(c["oc"], c["oh"], c["ow"])
+
+
 def forward(layer, graph, plan):
-    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title)[0]
+    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title, _grad_bias)[0]
 
 
 def backward(layer, graph, plan):
-    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title)[1]
+    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title, _grad_bias)[1]

@@ -21,6 +21,7 @@ from texelfit.prep.layout import ceil_div
 
 from ..kernels import Kernel, Pass
 from .common import fused_activation, grad_target, lanes, samples_last_pass
+from .conv import grad_bias
 
 
 def _as_conv(layer, graph) -> dict:
@@ -78,9 +79,7 @@ def backward(layer, graph, plan):
     bias = layer.params.get("bias")
     if bias and "pgrad:" + bias in plan.textures:
         oc, oh, ow = graph.shapes[y]
-        out.append(Pass(Kernel(f"conv_grad_bias {oc}x{oh}x{ow}", "conv_grad_bias.glsl.j2", ("DZ",),
-                               uniforms=("u_batch", "u_loss_scale"), consts={"oh": oh, "ow": ow, "oc4": ceil_div(oc, 4)}),
-                        [dz], ["pgrad:" + bias], "full", layer.name))
+        out.append(Pass(grad_bias(oc, oh, ow), [dz], ["pgrad:" + bias], "full", layer.name))
     target = grad_target(plan, layer, 0)
     if target:
         assert layer.inputs[0] not in plan.act_grad_fused  # only for a dense consumer (layout.py)

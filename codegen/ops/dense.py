@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from texelfit.prep.layout import ceil_div
 
+from .. import kl
+from ..kernels import Kernel
+from ..kl import COL, load, splat, uniform
 from .common import activation, lanes, weighted_passes
 
 
@@ -34,12 +37,26 @@ def _title(c, what):
 
 
 # dense_grad_weight and dense_grad_bias read their sizes from the textures: one program for all layers
-_GENERIC = ("grad_weight", "grad_bias")
+_GENERIC = ("grad_weight",)
+
+
+def _grad_bias_kl() -> kl.KernelDef:
+    """db[o] = sum_n dZ[n, o], in the kernel language: texel o4 of db sums column o4 of dZ's batch rows."""
+    k = kl.KernelDef()
+    acc = k.let("acc", splat(0.0))
+    with k.loop("n", uniform("u_batch", "int")) as n:
+        k.set(acc, acc + load("DZ", n, COL))
+    k.out(acc / uniform("u_loss_scale", "float"))  # the loss gradient came scaled (kernels.py: u_loss_scale)
+    return k
+
+
+def _grad_bias(c) -> Kernel:
+    return Kernel("dense_grad_bias", "kl", ("DZ",), uniforms=("u_batch", "u_loss_scale"), kl=_grad_bias_kl())
 
 
 def forward(layer, graph, plan):
-    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _GENERIC)[0]
+    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _grad_bias, _GENERIC)[0]
 
 
 def backward(layer, graph, plan):
-    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _GENERIC)[1]
+    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _grad_bias, _GENERIC)[1]

@@ -7,8 +7,9 @@ backward   gather   DY           -> dX_i  rows: batch   (one pass per input part
                                                       the batch; the optimizer includes this kernel)
 
 A gather that keeps its input's texels (layout.gather_is_view) has no pass: layout.py shares the
-texture, and the gradient. The kernel's constants are the views of each source, computed in Python
-(layout.gather_part_views); kernels/gather.glsl.j2 and its CPU twin only walk them.
+texture, and the gradient. The views of each source are computed in Python (layout.gather_part_views); the kernel,
+written in the kernel language (codegen/kl.py), walks them, unrolled: each view's sizes, strides and ranges are
+literals of its source (a constant part's values a constant array).
 """
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ import numpy as np
 from texelfit.prep.layout import ceil_div, gather_is_view, gather_part_views
 from texelfit.prep.shape import part_shape, render_views
 
-from ..kernels import Kernel, Pass, glsl_float
+from contextlib import nullcontext
+
+from .. import kl
+from ..kernels import Kernel, Pass
+from ..kl import COL, ROW, lane, lift, load, select, splat, uniform
 from .common import chw, grad_target
 
 
@@ -38,12 +43,76 @@ def _source(name, shape, views, batched=True) -> dict:
     return s if batched else dict(s, param=True)  # (only where it is one: the kernels' consts ship as JSON)
 
 
+def _index(k: kl.KernelDef, at: str, flat, views):
+    """(f, ok) of flat index `flat` taken through `views` (prep/shape.py: render_views), top first: each unravels it
+    over its axes (innermost first), ok false where an axis index is outside its [lo, hi) (None: never), else sums
+    index * stride + offset into the flat index of the view below (0 once ok is false: an index in range)."""
+    f, ok = flat, None
+    for vi, view in enumerate(views):
+        r, fe = k.let(f"r{at}_{vi}", f), lift(view["offset"])
+        for ai, ax in enumerate(view["axes"]):
+            i = k.let(f"i{at}_{vi}_{ai}", r % ax["size"])
+            if ai + 1 < len(view["axes"]):
+                r = k.let(f"q{at}_{vi}_{ai}", r // ax["size"])
+            if ax["masked"]:
+                inside = (i >= ax["lo"]) & (i < ax["hi"])
+                ok = inside if ok is None else ok & inside
+            fe = fe + i * ax["stride"]
+        if ok is not None:
+            ok = k.let(f"ok{at}_{vi}", ok)
+            fe = select(ok, fe, 0)
+        f = k.let(f"f{at}_{vi}", fe)
+    return f, ok
+
+
+def _kl(out_shape, sources, batch_sum: bool) -> kl.KernelDef:
+    """Y[n] = the sum of the parts (input textures X*, constants), each read through its views: lane (ch, h, w) of
+    Y is flat index (ch * H + h) * W + w, taken to the (ch, h, w) of a source's lane, or to an element of a constant;
+    padding lanes zero. A parameter's texture (a class token) is read at its one sample; with batch_sum, Y is one
+    sample, the sum over the batch (a parameter's gradient, which the optimizer includes)."""
+    k = kl.KernelDef()
+    c, h, w, c4 = k.syms(**_out_consts(out_shape))
+    n = k.let("n", ROW // h)
+    y = k.let("y", ROW - n * h)
+    x = k.let("x", COL // c4)
+    cc = k.let("cc", COL - x * c4)
+    v = k.let("v", splat(0.0))
+    with k.loop("j", 4) as j:
+        ch = k.let("ch", cc * 4 + j)
+        with k.when(ch < c):
+            index = k.let("index", (ch * h + y) * w + x)
+            for si, s in enumerate(sources):
+                f, ok = _index(k, str(si), index, s["views"])
+                with k.when(ok) if ok is not None else nullcontext():
+                    if s["data"] is not None:
+                        k.set_lane(v, j, lane(v, j) + k.table(s["const"], s["data"])[f])
+                    else:
+                        _read(k, si, s, f, v, j, n, batch_sum)
+    # a parameter's gradient came scaled (kernels.py: u_loss_scale)
+    k.out(v / uniform("u_loss_scale", "float") if batch_sum else v)
+    return k
+
+
+def _read(k: kl.KernelDef, si: int, s: dict, f, v, j, n, batch_sum: bool) -> None:
+    """Lane j of v += the element at flat index f of texture source s: at sample n, at the one sample of a
+    parameter, or (batch_sum) summed over the batch."""
+    sc = k.let(f"sc{si}", f // s["hw"])
+    sq = k.let(f"sq{si}", f - sc * s["hw"])
+    sh = k.let(f"sh{si}", sq // s["w"])
+    col = k.let(f"col{si}", (sq - sh * s["w"]) * s["c4"] + sc // 4)
+    if batch_sum:
+        with k.loop(f"b{si}", uniform("u_batch", "int")) as b:
+            k.set_lane(v, j, lane(v, j) + lane(load(s["name"], b * s["h"] + sh, col), sc % 4))
+    else:
+        row = sh if s.get("param") else n * s["h"] + sh
+        k.set_lane(v, j, lane(v, j) + lane(load(s["name"], row, col), sc % 4))
+
+
 def _kernel(title, inputs, out_shape, sources, batch_sum=False):
     """batch_sum: the output is one sample, the sum over the batch of what each sample's sources give (a
     parameter's gradient, scaled back by u_loss_scale)."""
-    consts = dict(_out_consts(out_shape), sources=sources, **({"batch_sum": True} if batch_sum else {}))
-    return Kernel(title, "gather.glsl.j2", tuple(inputs), uniforms=("u_batch", "u_loss_scale") if batch_sum else (),
-                  consts=consts)
+    return Kernel(title, "kl", tuple(inputs), uniforms=("u_batch", "u_loss_scale") if batch_sum else (),
+                  kl=_kl(out_shape, sources, batch_sum))
 
 
 def forward(layer, graph, plan):
@@ -57,7 +126,7 @@ def forward(layer, graph, plan):
         if part["input"] is None and part.get("param") is None:
             values = np.asarray(part["const"], dtype=np.float32).reshape(-1)
             s = _source(None, (values.size,), views)
-            s.update(data=[glsl_float(v) for v in values.tolist()], size=int(values.size), const=f"K{len(sources)}")
+            s.update(data=values.tolist(), const=f"K{len(sources)}")
             sources.append(s)
             continue
         name = f"X{len(names)}"

@@ -4,7 +4,10 @@ concat     concat_forward  X0, X1, ... -> Y          rows: batch   (channel axis
            concat_grad     DY          -> dX_i       rows: batch   (one slice per input)
            (written in the kernel language, codegen/kl.py: a lane of an output texel is a channel of its own,
            read from the part that holds it; padding lanes stay zero)
-grad_sum   grad_sum        G0, G1, ... -> dT         rows: batch   (a tensor with several consumers)
+grad_sum   grad_sum        G0, G1, ... -> dT         rows: batch   (a tensor with several consumers; also
+                                                                    rows: full, the gradient of a tied parameter,
+                                                                    which the optimizer includes: ops/optim.py)
+           (written in the kernel language too)
 """
 from __future__ import annotations
 
@@ -79,15 +82,26 @@ def backward(layer, graph, plan):
     return passes
 
 
+def _grad_sum_kl(terms: int) -> kl.KernelDef:
+    """dT = G0 + G1 + ...: the texel at the same place of each contribution."""
+    k = kl.KernelDef()
+    total = load("G0", ROW, COL)
+    for j in range(1, terms):
+        total = total + load(f"G{j}", ROW, COL)
+    k.out(total)
+    return k
+
+
+def _grad_sum_kernel(terms: int) -> Kernel:
+    return Kernel(f"grad_sum x{terms}", "kl", tuple(f"G{i}" for i in range(terms)), kl=_grad_sum_kl(terms))
+
+
 def param_grad_sum(param: str, readers: int):
     """pgrad:P = pgrad0:P + pgrad1:P + ...: the gradient of a parameter several layers read (schedule.py)."""
-    names = tuple(f"G{i}" for i in range(readers))
-    k = Kernel(f"grad_sum x{readers}", "grad_sum.glsl.j2", names, consts={"terms": readers})
-    return Pass(k, [f"pgrad{j}:{param}" for j in range(readers)], ["pgrad:" + param], "full",
+    return Pass(_grad_sum_kernel(readers), [f"pgrad{j}:{param}" for j in range(readers)], ["pgrad:" + param], "full",
                 f"sum of gradients of {param}")
 
 
 def grad_sum(tensor, contributions, plan):
-    names = tuple(f"G{i}" for i in range(len(contributions)))
-    k = Kernel(f"grad_sum x{len(names)}", "grad_sum.glsl.j2", names, consts={"terms": len(names)})
-    return Pass(k, list(contributions), ["grad:" + tensor], "batch", f"sum of gradients of {tensor}")
+    return Pass(_grad_sum_kernel(len(contributions)), list(contributions), ["grad:" + tensor], "batch",
+                f"sum of gradients of {tensor}")

@@ -15,7 +15,8 @@ variants (runtime/runner.js: variant) with a texture of its starting weights bou
 kernel gives an input of its own; matmul_grad_weight reads an A.)
 
 The pass also computes the gradient it applies: it includes the parameter's gradient kernel
-(dense_grad_weight, conv_grad_bias, ...) as a function and reads that kernel's inputs. So a
+(dense_grad_weight, conv_grad_bias, ...) as a function and reads that kernel's inputs (one written in the kernel
+language is printed as that function, valueAt, and its CPU function is the one the CPU optimizer calls). So a
 training step runs the backward without the passes that write pgrad: textures (the schedule's
 train_backward) and never writes nor reads a parameter gradient: one pass and one round trip
 through memory fewer per parameter. `gradients()` runs those passes and reads pgrad:.
@@ -36,8 +37,10 @@ def optimizer_pass(opt, name, grad: Pass):
     p, m, v = "param:" + name, "m:" + name, "v:" + name
     state = {"sgd": [p, m], "sgd0": [p], "adam": [p, m, v]}[opt]
     g = grad.kernel
+    # a gradient kernel written in the kernel language goes in whole (Kernel.gradient): its GLSL printed as valueAt,
+    # its CPU function called by the optimizer's (codegen/schedule.py: serialize); a template's is included
     consts = dict(g.consts, gradient=g.template.removesuffix(".glsl.j2"), stateless=opt == "sgd0")
     k = Kernel(f"{opt} {g.name}", f"{opt.rstrip('0')}.glsl.j2", g.inputs + ("P0", "P", "M", "V")[: 1 + len(state)],
                outputs=len(state), uniforms=g.uniforms + (_ADAM_UNIFORMS if opt == "adam" else _SGD_UNIFORMS),
-               consts=consts)
+               consts=consts, gradient=g if g.kl is not None else None)
     return [Pass(k, grad.inputs + [p] + state, state, "full", name, grad.values, grad.blocked)], state

@@ -3,13 +3,17 @@ column (prep/resample.py), one kernel for both directions.
 
 forward    resample   X    -> Y     rows: batch   (the layer's taps)
 backward   resample   DY   -> dX    rows: batch   (the taps transposed: each input reads the outputs that read it)
+
+Written in the kernel language (codegen/kl.py): the taps are its constant arrays (KernelDef.table).
 """
 from __future__ import annotations
 
 from texelfit.prep import resample as rs
 from texelfit.prep.layout import ceil_div
 
+from .. import kl
 from ..kernels import Kernel, Pass
+from ..kl import COL, ROW, load, splat
 from .common import grad_target
 
 
@@ -27,6 +31,35 @@ def _consts(rows, cols, n_in: tuple[int, int], c: int) -> dict:
                 rs=r_src, rw=r_w, cs=c_src, cw=c_w)
 
 
+def _kl(c: dict) -> kl.KernelDef:
+    """Y[n, ch, y, x] = sum over i < kr, j < kc of rw[y kr + i] * cw[x kc + j] * X[n, ch, rs[y kr + i], cs[x kc + j]]:
+    the taps of each output row and column (a weight 0 pads a row's taps to kr, a column's to kc: skipped)."""
+    k = kl.KernelDef()
+    c4, ih, oh, kr, kc = (k.sym(n, c[n]) for n in ("c4", "ih", "oh", "kr", "kc"))
+    rs, rw, cs, cw = (k.table(n, c[n]) for n in ("rs", "rw", "cs", "cw"))
+    n = k.let("n", ROW // oh)
+    y = k.let("y", ROW - n * oh)
+    x = k.let("x", COL // c4)
+    cc = k.let("cc", COL - x * c4)
+    acc = k.let("acc", splat(0.0))
+    with k.loop("i", kr) as i:
+        a = k.let("a", rw[y * kr + i])
+        with k.when(a.ne(0.0)):
+            r = k.let("r", n * ih + rs[y * kr + i])
+            s = k.let("s", splat(0.0))
+            with k.loop("j", kc) as j:
+                b = k.let("b", cw[x * kc + j])
+                with k.when(b.ne(0.0)):
+                    k.set(s, s + b * load("X", r, cs[x * kc + j] * c4 + cc))
+            k.set(acc, acc + a * s)
+    k.out(acc)
+    return k
+
+
+def _kernel(what, c) -> Kernel:
+    return Kernel(_name(what, c), "kl", ("X",), kl=_kl(c))
+
+
 def _name(what, c):
     return f"resample {what} {c['ih']}x{c['iw']}->{c['oh']}x{c['ow']} taps {c['kr']}x{c['kc']}"
 
@@ -34,7 +67,7 @@ def _name(what, c):
 def forward(layer, graph, plan):
     ch, ih, iw = graph.shapes[layer.inputs[0]]
     c = _consts(layer.attrs["rows"], layer.attrs["cols"], (ih, iw), ch)
-    k = Kernel(_name(layer.attrs["kind"], c), "resample.glsl.j2", ("X",), consts=c)
+    k = _kernel(layer.attrs["kind"], c)
     return [Pass(k, [plan.tensor(layer.inputs[0])], [plan.tensor(layer.outputs[0])], "batch", layer.name)]
 
 
@@ -45,5 +78,5 @@ def backward(layer, graph, plan):
     ch, ih, iw = graph.shapes[layer.inputs[0]]
     _, oh, ow = graph.shapes[layer.outputs[0]]
     c = _consts(rs.transpose(layer.attrs["rows"], ih), rs.transpose(layer.attrs["cols"], iw), (oh, ow), ch)
-    k = Kernel(_name(layer.attrs["kind"] + " grad", c), "resample.glsl.j2", ("X",), consts=c)
+    k = _kernel(layer.attrs["kind"] + " grad", c)
     return [Pass(k, [plan.grad(layer.outputs[0])], [target], "batch", layer.name)]
