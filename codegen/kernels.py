@@ -49,6 +49,9 @@ class Kernel:
     # a kernel written in the kernel language (codegen/kl.py: a KernelDef): its GLSL and its CPU function are
     # printed from it (codegen/kl_print.py; `template` is then "kl"), where the others fill a template
     kl: object = field(default=None, hash=False, compare=False)
+    # an optimizer's gradient kernel when it is one of the kernel language (ops/optim.py): the optimizer's GLSL holds
+    # it as the function valueAt (the template's `included`), its CPU function calls the gradient's printed function
+    includes: object = field(default=None, hash=False, compare=False)
 
     def __post_init__(self):
         unknown = [u for u in self.uniforms if u not in UNIFORM_TYPES]
@@ -103,6 +106,10 @@ def render_kernel(kernel: Kernel) -> str:
 
         body = glsl(kernel.kl)
     else:
+        if kernel.includes is not None:
+            from .kl_print import glsl
+
+            ctx["included"] = glsl(kernel.includes.kl, value_at=True)
         body = env.get_template("kernels/" + kernel.template).render(ctx)
     return compact_glsl(env.get_template("kernels/prelude.glsl.j2").render(ctx, body=body))
 

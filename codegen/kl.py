@@ -14,7 +14,7 @@ from loads of its input textures at computed texel coordinates, in the channel-p
 
 Expressions are trees of `X` nodes: constants (Python ints and floats lift to int and float), shape constants
 (`k.sym(name, value)`: a literal in GLSL, read from the kernel's constants in JavaScript), `ROW`, `COL`,
-`uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `to_float(i)`, `to_int(f)`, arithmetic (a vec4
+`uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `vec4_of(a, b, c, d)`, `to_float(i)`, `to_int(f)`, arithmetic (a vec4
 with a float broadcasts), exp, log, sqrt, abs, maximum, minimum, comparisons (`a.eq(b)`, `a.ne(b)` for == and !=), & and | of bools,
 `select(cond, a, b)`, `dot`, `hmax`, `hsum`, and
 `valid(cols, j)`: 1.0 in each lane of channel texel j that holds one of `cols` channels, 0.0 in padding lanes
@@ -140,6 +140,14 @@ def lane(v: X, i) -> X:
 
 def splat(f) -> X:
     return X("splat", (lift(f),), type="vec4")
+
+
+def vec4_of(a, b, c, d) -> X:
+    """The vec4 of 4 floats (lane 0 first)."""
+    args = tuple(lift(x) for x in (a, b, c, d))
+    if any(x.type != "float" for x in args):
+        raise TypeError(f"kl: vec4_of {[x.type for x in args]}")
+    return X("vec4_of", args, type="vec4")
 
 
 def _unary(op):

@@ -72,6 +72,8 @@ def _glsl(e: X) -> str:
         return f"{a[0]}[{a[1]}]"
     if op == "splat":
         return f"vec4({a[0]})"
+    if op == "vec4_of":
+        return f"vec4({', '.join(a)})"
     if op == "float_of":
         return f"float({a[0]})"
     if op == "int_of":
@@ -106,7 +108,11 @@ def _vec(e: X, text: str) -> str:
     return text if e.type == "vec4" else f"vec4({text})"
 
 
-def glsl(k) -> str:
+def glsl(k, value_at: bool = False) -> str:
+    """value_at: the kernel as the function vec4 valueAt(ivec2 _p) (its one output texel, written last), which an
+    optimizer includes as the gradient it applies (ops/optim.py), in place of main()."""
+    if value_at:
+        assert k.written == {0} and k.body[-1][0] == "out", "kl: valueAt of a kernel that writes out0 last"
     helpers, need = helper_functions(
         "float _hmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }",
         lambda n, last, mask: f"vec4 _valid{n}(int j) {{ return j < {last} ? vec4(1.0) : vec4({mask}); }}")
@@ -115,8 +121,9 @@ def glsl(k) -> str:
         "let": lambda name, type_, e: f"{_GLSL_TYPE[type_]} {name} = {e};",
         "set": lambda name, e: f"{name} = {e};",
         "setlane": lambda name, i, e: f"{name}[{i}] = {e};",
-        "out": lambda i, e: f"out{i} = {e};"})
-    return "\n".join([*sorted(helpers.values()), "void main() {", "  ivec2 _p = outCoord();", *lines, "}"]) + "\n"
+        "out": lambda i, e: f"return {e};" if value_at else f"out{i} = {e};"})
+    head = ["vec4 valueAt(ivec2 _p) {"] if value_at else ["void main() {", "  ivec2 _p = outCoord();"]
+    return "\n".join([*sorted(helpers.values()), *head, *lines, "}"]) + "\n"
 
 
 def helper_functions(hmax: str, valid):
@@ -249,7 +256,11 @@ class _JS:
             return e.value
         v = self.fresh("v")
         self.arrays.append(v)
-        self.pre.append(f"for (let l = 0; l < 4; l++) {v}[l] = {self.lanewise(e)};")
+        if e.op == "vec4_of":  # lane by lane
+            lanes = [self.scalar(x) for x in e.args]
+            self.pre.append(" ".join(f"{v}[{i}] = {t};" for i, t in enumerate(lanes)))
+        else:
+            self.pre.append(f"for (let l = 0; l < 4; l++) {v}[l] = {self.lanewise(e)};")
         return v
 
     def lanewise(self, e: X) -> str:
@@ -269,6 +280,8 @@ class _JS:
             return f"{e.value}.data[{t} + l]"
         if op == "splat":
             return self.lanewise(e.args[0])
+        if op == "vec4_of":
+            return f"{self.vec(e)}[l]"
         if op in ("valid", "isvalid"):  # lane l of texel j holds channel 4 j + l
             held = f"({self.lanewise(e.args[0])} * 4 + l < {self.lanewise(e.args[1])})"
             return held if op == "isvalid" else f"({held} ? 1 : 0)"

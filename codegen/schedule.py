@@ -148,6 +148,13 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                 record["cpu"] = source_id(fn)[:10]
                 record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
                 generated[record["cpu"]] = fn
+            if k.includes is not None:  # an optimizer's gradient of the kernel language: its function and consts
+                g = k.includes
+                assert not set(g.kl.symbols) & set(k.consts), (k.name, g.kl.symbols)
+                fn = js(g.kl, list(g.inputs), g.outputs)
+                record["consts"]["gradient_cpu"] = source_id(fn)[:10]
+                record["consts"].update({n: v for n, v in sorted(g.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)})
+                generated[record["consts"]["gradient_cpu"]] = fn
             kernels.append(record)
         return index[sid]
 

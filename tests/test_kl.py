@@ -117,3 +117,19 @@ def test_to_int_truncates_a_float_toward_zero():
     got = _run_js(k, {"X": tex}, 3, 1)
     np.testing.assert_array_equal(got[0, :, 0], [2.0, 2.0, -1.0])
     assert "int i = int(getX(_p.y, _p.x)[0]);" in glsl(k)
+
+
+def test_vec4_of_and_the_value_at_form():
+    """vec4_of builds a vec4 of 4 floats (here lanes of two loads, reversed and summed); a kernel that writes out0
+    last prints as the function valueAt an optimizer includes (ops/optim.py), `return` in place of out0."""
+    k = kl.KernelDef()
+    a = k.let("a", load("X", ROW, COL))
+    k.out(kl.vec4_of(*(kl.lane(a, 3 - j) + kl.lane(load("X", ROW, 0), j) for j in range(4))))
+    with pytest.raises(TypeError, match="vec4_of"):
+        kl.vec4_of(1.0, 2.0, 3.0, ROW)
+    tex = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    got = _run_js(k, {"X": tex}, 3, 2)
+    np.testing.assert_allclose(got, tex[:, :, ::-1].astype(np.float64) + tex[:, :1, :], rtol=1e-6)
+    assert "out0 = vec4(" in glsl(k)
+    src = glsl(k, value_at=True)
+    assert src.startswith("vec4 valueAt(ivec2 _p) {") and "return vec4(" in src and "out0" not in src

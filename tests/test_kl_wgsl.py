@@ -24,6 +24,7 @@ from texelfit.prep.layout import plan_layout
 from texelfit.prep.load import export_simplified
 
 BATCH = 3
+LOSS_SCALE = 4.0  # (a parameter gradient divides by it)
 
 
 class Pools(nn.Module):
@@ -73,8 +74,23 @@ class Embedded(nn.Module):
         return self.head(self.emb(ids)).mean(1)
 
 
+class Normed(nn.Module):
+    """A layernorm and an attention's products of activations (Q K^T, A V): the token kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre, self.ln = nn.Linear(6, 6), nn.LayerNorm(6)
+        self.q, self.k = nn.Linear(6, 5), nn.Linear(6, 5)
+
+    def forward(self, x):  # (T, F) tokens
+        y = self.ln(self.pre(x))
+        a = torch.softmax(self.q(y) @ self.k(y).transpose(1, 2), -1)
+        return (a @ y).mean(2)
+
+
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
-          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (4,), "int64")}
+          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (4,), "int64"),
+          "normed": (Normed, (7, 6), "float32")}
 
 
 def kl_passes(name):
@@ -157,7 +173,7 @@ const fn = {fn};
 const src = {json.dumps([a.reshape(-1).tolist() for a in inputs])};
 const ins = src.map((d, i) => ({{ width: {json.dumps(widths)}[i], data: Float32Array.from(d) }}));
 const outs = Array.from({{ length: {outputs} }}, () => ({{ width: {width}, data: new Float32Array({rows * width * 4}) }}));
-fn({json.dumps(consts)}, ins, outs, {{ u_batch: {BATCH} }}, {rows});
+fn({json.dumps(consts)}, ins, outs, {{ u_batch: {BATCH}, u_loss_scale: {LOSS_SCALE} }}, {rows});
 console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 """
     got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
@@ -169,7 +185,8 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
                       "log_softmax_forward", "maxpool_forward", "maxpool_grad"},
             "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad"},
-            "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"}}
+            "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"},
+            "normed": {"rows_sum"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -186,7 +203,7 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
         data = [(rng.standard_normal((s.height, s.width, 4)) * 2).astype(np.float32) for s in specs]
         fields = struct_fields(k.kl, list(names))
         values = {"rows": rows, "width": width, **{f"w_{n}": s.width for n, s in zip(names, specs)},
-                  "u_batch": BATCH, **p.values}
+                  "u_batch": BATCH, "u_loss_scale": LOSS_SCALE, **p.values}
         code = wgsl(k.kl, list(names), k.outputs)
         got = gpu_page.evaluate(RUN, {"code": code, "inputs": [d.reshape(-1).tolist() for d in data],
                                       "outputs": k.outputs, "rows": rows, "width": width,

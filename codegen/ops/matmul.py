@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from texelfit.prep.layout import ceil_div
 
+from .. import kl
 from ..kernels import Kernel, Pass, glsl_float
+from ..kl import COL, load, splat, uniform
 from .common import grad_target, lanes, param_grad
 
 
@@ -98,10 +100,21 @@ def forward(layer, graph, plan):
     return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
 
 
+def _rows_sum_kl(rows: int) -> kl.KernelDef:
+    """db[p] = sum over the rows of the batch (`rows` a sample) of dY[row, p]; the loss gradient came scaled
+    (u_loss_scale)."""
+    k = kl.KernelDef()
+    rows = k.sym("rows", rows)
+    acc = k.let("acc", splat(0.0))
+    with k.loop("r", uniform("u_batch", "int") * rows) as r:
+        k.set(acc, acc + load("DY", r, COL))
+    k.out(acc / uniform("u_loss_scale", "float"))
+    return k
+
+
 def _rows_sum(layer, graph, plan, role):
     rows = graph.shapes[layer.outputs[0]][0]
-    k = Kernel(f"rows_sum {rows}", "rows_sum.glsl.j2", ("DY",), uniforms=("u_batch", "u_loss_scale"),
-               consts={"rows": rows})
+    k = Kernel(f"rows_sum {rows}", "kl", ("DY",), uniforms=("u_batch", "u_loss_scale"), kl=_rows_sum_kl(rows))
     return Pass(k, [plan.grad(layer.outputs[0])], ["pgrad:" + layer.params[role]], "full", layer.name)
 
 

@@ -18,7 +18,9 @@ The pass also computes the gradient it applies: it includes the parameter's grad
 (dense_grad_weight, conv_grad_bias, ...) as a function and reads that kernel's inputs. So a
 training step runs the backward without the passes that write pgrad: textures (the schedule's
 train_backward) and never writes nor reads a parameter gradient: one pass and one round trip
-through memory fewer per parameter. `gradients()` runs those passes and reads pgrad:.
+through memory fewer per parameter. `gradients()` runs those passes and reads pgrad:. A gradient kernel of the
+kernel language (its `kl`) is included so too: the optimizer kernel's `includes` (codegen/kernels.py), printed as
+valueAt in its GLSL; its CPU function calls the gradient's printed one (c.gradient "kl", c.gradient_cpu).
 """
 from __future__ import annotations
 
@@ -39,5 +41,5 @@ def optimizer_pass(opt, name, grad: Pass):
     consts = dict(g.consts, gradient=g.template.removesuffix(".glsl.j2"), stateless=opt == "sgd0")
     k = Kernel(f"{opt} {g.name}", f"{opt.rstrip('0')}.glsl.j2", g.inputs + ("P0", "P", "M", "V")[: 1 + len(state)],
                outputs=len(state), uniforms=g.uniforms + (_ADAM_UNIFORMS if opt == "adam" else _SGD_UNIFORMS),
-               consts=consts)
+               consts=consts, includes=g if g.kl is not None else None)
     return [Pass(k, grad.inputs + [p] + state, state, "full", name, grad.values, grad.blocked)], state
