@@ -186,7 +186,7 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
             "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad"},
             "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"},
-            "normed": {"rows_sum"}}
+            "normed": {"layernorm_forward", "layernorm_grad_input", "layernorm_grad_weight", "rows_sum"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

@@ -26,8 +26,8 @@ from __future__ import annotations
 from texelfit.prep.layout import ceil_div
 
 from .. import kl
-from ..kernels import Kernel, Pass, glsl_float
-from ..kl import COL, load, splat, uniform
+from ..kernels import Kernel, Pass
+from ..kl import COL, ROW, dot, hsum, load, splat, sqrt, uniform, valid
 from .common import grad_target, lanes, param_grad
 
 
@@ -148,8 +148,61 @@ def backward(layer, graph, plan):
 
 def _ln_consts(layer, graph):
     r, f = graph.shapes[layer.inputs[0]]
-    return dict(lanes(f), rows=r, f=f, f4=ceil_div(f, 4), f_float=glsl_float(f), eps=glsl_float(layer.attrs["eps"]),
-                has_bias="bias" in layer.params)
+    return dict(rows=r, f=f, eps=float(layer.attrs["eps"]), has_bias="bias" in layer.params)
+
+
+def _ln_syms(k: kl.KernelDef, c: dict):
+    """The shape constants of a layernorm kernel: f features, their count as a float, eps; and f4 texels a row."""
+    return k.sym("f", c["f"]), k.sym("nf", float(c["f"])), k.sym("eps", c["eps"]), k.sym("f4", ceil_div(c["f"], 4))
+
+
+def _row_stats(k: kl.KernelDef, c: dict, r) -> tuple[kl.X, kl.X]:
+    """mean and 1 / sqrt(var + eps) of row r of X over its f features (padding lanes masked), as variables."""
+    f, nf, eps, f4 = _ln_syms(k, c)
+    mean = k.let("mean", 0.0)
+    with k.loop("j", f4) as j:
+        k.set(mean, mean + dot(load("X", r, j), valid(f, j)))
+    k.set(mean, mean / nf)
+    var = k.let("variance", 0.0)
+    with k.loop("j2", f4) as j:
+        d = k.let("d", (load("X", r, j) - mean) * valid(f, j))
+        k.set(var, var + dot(d, d))
+    return mean, k.let("rstd", 1.0 / sqrt(var / nf + eps))
+
+
+def _ln_forward_kl(c: dict) -> kl.KernelDef:
+    """Y = (X - mean) / sqrt(var + eps) * w (+ b) over the f features of each row."""
+    k = kl.KernelDef()
+    mean, rstd = _row_stats(k, c, ROW)
+    y = (load("X", ROW, COL) - mean) * rstd * load("W", 0, COL)
+    k.out((y + load("B", 0, COL) if c["has_bias"] else y) * valid(k.sym("f", c["f"]), COL))
+    return k
+
+
+def _ln_grad_input_kl(c: dict) -> kl.KernelDef:
+    """dX = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dY * w, over the f features of each row."""
+    k = kl.KernelDef()
+    f, nf, _, f4 = _ln_syms(k, c)
+    mean, rstd = _row_stats(k, c, ROW)
+    sg, sgx = k.let("sg", 0.0), k.let("sgx", 0.0)
+    with k.loop("k4", f4) as j:
+        g = k.let("g", load("DY", ROW, j) * load("W", 0, j) * valid(f, j))
+        k.set(sg, sg + hsum(g))
+        k.set(sgx, sgx + dot(g, (load("X", ROW, j) - mean) * rstd))
+    xhat = k.let("xhat", (load("X", ROW, COL) - mean) * rstd)
+    k.out(rstd * (load("DY", ROW, COL) * load("W", 0, COL) - sg / nf - xhat * (sgx / nf)) * valid(f, COL))
+    return k
+
+
+def _ln_grad_weight_kl(c: dict) -> kl.KernelDef:
+    """dw = sum over the rows of the batch (`rows` a sample) of dY * xhat; the loss gradient came scaled."""
+    k = kl.KernelDef()
+    acc = k.let("acc", splat(0.0))
+    with k.loop("r", uniform("u_batch", "int") * k.sym("rows", c["rows"])) as r:
+        mean, rstd = _row_stats(k, c, r)
+        k.set(acc, acc + load("DY", r, COL) * (load("X", r, COL) - mean) * rstd)
+    k.out(acc * valid(k.sym("f", c["f"]), COL) / uniform("u_loss_scale", "float"))
+    return k
 
 
 def _ln_forward(layer, graph, plan):
@@ -158,7 +211,7 @@ def _ln_forward(layer, graph, plan):
     textures = [plan.tensor(layer.inputs[0]), "param:" + layer.params["weight"]]
     if c["has_bias"]:
         textures.append("param:" + layer.params["bias"])
-    k = Kernel(f"layernorm_forward {c['rows']}x{c['f']}", "layernorm_forward.glsl.j2", names, consts=c)
+    k = Kernel(f"layernorm_forward {c['rows']}x{c['f']}", "kl", names, kl=_ln_forward_kl(c))
     return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
 
 
@@ -168,12 +221,11 @@ def _ln_backward(layer, graph, plan):
     passes = []
     target = grad_target(plan, layer, 0)
     if target:
-        k = Kernel(f"layernorm_grad_input {c['rows']}x{c['f']}", "layernorm_grad_input.glsl.j2", ("DY", "X", "W"),
-                   consts=c)
+        k = Kernel(f"layernorm_grad_input {c['rows']}x{c['f']}", "kl", ("DY", "X", "W"), kl=_ln_grad_input_kl(c))
         passes.append(Pass(k, [plan.grad(y), x, "param:" + layer.params["weight"]], [target], "batch", layer.name))
     if graph.is_trainable(layer.params["weight"]):
-        k = Kernel(f"layernorm_grad_weight {c['rows']}x{c['f']}", "layernorm_grad_weight.glsl.j2", ("DY", "X"),
-                   uniforms=("u_batch", "u_loss_scale"), consts=c)
+        k = Kernel(f"layernorm_grad_weight {c['rows']}x{c['f']}", "kl", ("DY", "X"),
+                   uniforms=("u_batch", "u_loss_scale"), kl=_ln_grad_weight_kl(c))
         passes.append(Pass(k, [plan.grad(y), x], ["pgrad:" + layer.params["weight"]], "full", layer.name))
     if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
         passes.append(_rows_sum(layer, graph, plan, "bias"))
