@@ -183,10 +183,12 @@ console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 # what each model schedules among the kernels written in the kernel language (a family migrated to it joins here)
 EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward", "global_avgpool_grad",
                       "log_softmax_forward", "maxpool_forward", "maxpool_grad"},
-            "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad"},
+            "tokens": {"matmul_forward", "matmul_grad_a", "matmul_grad_weight", "reduce_forward", "reduce_grad",
+                       "softmax_forward", "softmax_grad"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad"},
-            "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"},
-            "normed": {"layernorm_forward", "layernorm_grad_input", "layernorm_grad_weight", "rows_sum"}}
+            "embedded": {"embedding_forward", "matmul_forward", "matmul_grad_weight", "reduce_forward", "reduce_grad"},
+            "normed": {"layernorm_forward", "layernorm_grad_input", "layernorm_grad_weight", "matmul_forward",
+                       "matmul_grad_a", "matmul_grad_b", "matmul_grad_weight", "rows_sum"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

@@ -27,7 +27,7 @@ from texelfit.prep.layout import ceil_div
 
 from .. import kl
 from ..kernels import Kernel, Pass
-from ..kl import COL, ROW, dot, hsum, load, splat, sqrt, uniform, valid
+from ..kl import COL, ROW, dot, hsum, lane, load, minimum, select, splat, sqrt, uniform, valid, vec4_of
 from .common import grad_target, lanes, param_grad
 
 
@@ -50,6 +50,90 @@ def _b_texture(layer, plan):
     return "param:" + layer.params["weight"] if "weight" in layer.params else plan.tensor(layer.inputs[1])
 
 
+def _brow(k: kl.KernelDef, c: dict):
+    """The row of B that row ROW's product starts at: 0 for a weight, n * rows_b + g * k for block g of sample n's
+    b (ROW = n * rows_a + g * m + i)."""
+    if c["weight"]:
+        return kl.lift(0)
+    rows_a, m, rows_b, kk = k.syms(rows_a=c["rows_a"], m=c["m"], rows_b=c["rows_b"], k=c["k"])
+    n = k.let("n", ROW // rows_a)
+    g = k.let("g", (ROW - n * rows_a) // m)
+    return k.let("brow", n * rows_b + g * kk)
+
+
+def _forward_kl(c: dict) -> kl.KernelDef:
+    """Y[r, p] = sum_k A[r, k] * B[brow + k, p] (+ b[p]); a texel: 4 outputs p of one row. 4 values of k a fetch of
+    A times the 4 texels of B's rows k .. k+3 (the hand GLSL's mat4 product: no per-component indexing, which
+    SwiftShader runs as a branch); the last k % 4 values of k without a fetch of the missing rows of B."""
+    k = kl.KernelDef()
+    brow = _brow(k, c)
+    acc = k.let("acc", load("BIAS", 0, COL) if c["has_bias"] else splat(0.0))
+    if c["k"] >= 4:
+        with k.loop("k4", k.sym("kq", c["k"] // 4)) as k4:
+            r = k.let("r", brow + 4 * k4)
+            a = k.let("a", load("A", ROW, k4))
+            k.set(acc, acc + (load("B", r, COL) * lane(a, 0) + load("B", r + 1, COL) * lane(a, 1)
+                              + load("B", r + 2, COL) * lane(a, 2) + load("B", r + 3, COL) * lane(a, 3)))
+    if c["k"] % 4:
+        kq = k.sym("kq", c["k"] // 4)
+        a = k.let("at", load("A", ROW, kq))
+        r = k.let("rt", brow + kq * 4)
+        for j in range(c["k"] % 4):
+            k.set(acc, acc + lane(a, j) * load("B", r + j, COL))
+    k.out(acc * valid(k.sym("p", c["p"]), COL))
+    return k
+
+
+def _grad_a_kl(c: dict) -> kl.KernelDef:
+    """dA[r, k] = sum_p dY[r, p] * B[brow + k, p] (dY B^T); a texel: 4 k of one row, each fetch of dY serving all 4
+    (past the last k, the last row of B is read and the lane written 0)."""
+    k = kl.KernelDef()
+    brow = _brow(k, c)
+    kk = k.sym("k", c["k"])
+    rows = [k.let(f"r{j}", brow + minimum(4 * COL + j, kk - 1)) for j in range(4)]
+    acc = k.let("acc", splat(0.0))
+    with k.loop("p4", k.sym("p4", c["p4"])) as p4:
+        d = k.let("d", load("DY", ROW, p4))
+        k.set(acc, acc + vec4_of(*(dot(d, load("B", r, p4)) for r in rows)))
+    k.out(acc * valid(kk, COL))
+    return k
+
+
+def _pick(k: kl.KernelDef, i) -> kl.X:
+    """The vec4 with 1.0 in lane i % 4 (a dot with it reads that lane without indexing by a variable)."""
+    i4 = k.let("i4", i // 4)
+    return k.let("pick", vec4_of(*(select((i - 4 * i4).eq(j), 1.0, 0.0) for j in range(4)))), i4
+
+
+def _grad_b_kl(c: dict) -> kl.KernelDef:
+    """dB[g*k + kk, p] = sum_i A[g*m + i, kk] * dY[g*m + i, p] (A^T dY a block, of each sample)."""
+    k = kl.KernelDef()
+    rows_a, m, rows_b, kk = k.syms(rows_a=c["rows_a"], m=c["m"], rows_b=c["rows_b"], k=c["k"])
+    n = k.let("n", ROW // rows_b)
+    rr = k.let("rr", ROW - n * rows_b)
+    g = k.let("g", rr // kk)
+    col = k.let("kk", rr - g * kk)
+    row0 = k.let("row0", n * rows_a + g * m)
+    pick, k4 = _pick(k, col)
+    acc = k.let("acc", splat(0.0))
+    with k.loop("i", m) as i:
+        k.set(acc, acc + dot(load("A", row0 + i, k4), pick) * load("DY", row0 + i, COL))
+    k.out(acc)
+    return k
+
+
+def _grad_weight_kl(c: dict) -> kl.KernelDef:
+    """dB[k, p] = sum over the rows of the batch (rows_a a sample) of X[row, k] * dY[row, p] (X: the input A); the
+    loss gradient came scaled (u_loss_scale)."""
+    k = kl.KernelDef()
+    pick, k4 = _pick(k, ROW)
+    acc = k.let("acc", splat(0.0))
+    with k.loop("r", uniform("u_batch", "int") * k.sym("rows_a", c["rows_a"])) as r:
+        k.set(acc, acc + dot(load("A", r, k4), pick) * load("DY", r, COL))
+    k.out(acc / uniform("u_loss_scale", "float"))
+    return k
+
+
 def _rows_out_consts(rows: int, k: int, p: int) -> dict:
     """The consts of a token-wise kernel over `rows` rows a sample, for the roles of a weight stored [O rows, I
     packed] (attrs["weight_rows"] == "out": a tied embedding table, prep.graph.untie_unsupported): each kernel
@@ -63,7 +147,7 @@ def _rows_out_forward(layer, graph, plan):
     """Y[r, o] = sum_i X[r, i] W[o, i]: matmul_grad_a's dY B^T, with dY := X, B := W [O rows, I packed]."""
     (rows, i), o = graph.shapes[layer.inputs[0]], graph.shapes[layer.outputs[0]][1]
     c = _rows_out_consts(rows, o, i)
-    k = Kernel(f"matmul_forward {rows}x{i}@({o}x{i})^T", "matmul_grad_a.glsl.j2", ("DY", "B"), consts=c)
+    k = Kernel(f"matmul_forward {rows}x{i}@({o}x{i})^T", "kl", ("DY", "B"), kl=_grad_a_kl(c))
     return [Pass(k, [plan.tensor(layer.inputs[0]), _b_texture(layer, plan)], [plan.tensor(layer.outputs[0])], "batch",
                  layer.name)]
 
@@ -75,12 +159,11 @@ def _rows_out_backward(layer, graph, plan):
     y, passes = layer.outputs[0], []
     target = grad_target(plan, layer, 0)
     if target:
-        k = Kernel(f"matmul_grad_a {rows}x{o}@{o}x{i}", "matmul_forward.glsl.j2", ("A", "B"),
-                   consts=_rows_out_consts(rows, o, i))
+        k = Kernel(f"matmul_grad_a {rows}x{o}@{o}x{i}", "kl", ("A", "B"), kl=_forward_kl(_rows_out_consts(rows, o, i)))
         passes.append(Pass(k, [plan.grad(y), _b_texture(layer, plan)], [target], "batch", layer.name))
     if graph.is_trainable(layer.params["weight"]):
-        k = Kernel(f"matmul_grad_weight ({rows}x{o})^T@{rows}x{i}", "matmul_grad_weight.glsl.j2", ("A", "DY"),
-                   uniforms=("u_batch", "u_loss_scale"), consts=_rows_out_consts(rows, o, i))
+        k = Kernel(f"matmul_grad_weight ({rows}x{o})^T@{rows}x{i}", "kl", ("A", "DY"),
+                   uniforms=("u_batch", "u_loss_scale"), kl=_grad_weight_kl(_rows_out_consts(rows, o, i)))
         passes.append(Pass(k, [plan.grad(y), plan.tensor(layer.inputs[0])], [param_grad(plan, layer, "weight")],
                            "full", layer.name))
     return passes
@@ -96,7 +179,7 @@ def forward(layer, graph, plan):
     textures = [plan.tensor(layer.inputs[0]), _b_texture(layer, plan)]
     if c["has_bias"]:
         textures.append("param:" + layer.params["bias"])
-    k = Kernel(_title(c, "matmul_forward"), "matmul_forward.glsl.j2", names, consts=c)
+    k = Kernel(_title(c, "matmul_forward"), "kl", names, kl=_forward_kl(c))
     return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
 
 
@@ -128,17 +211,17 @@ def backward(layer, graph, plan):
     passes = []
     target = grad_target(plan, layer, 0)
     if target:
-        k = Kernel(_title(c, "matmul_grad_a"), "matmul_grad_a.glsl.j2", ("DY", "B"), consts=c)
+        k = Kernel(_title(c, "matmul_grad_a"), "kl", ("DY", "B"), kl=_grad_a_kl(c))
         passes.append(Pass(k, [plan.grad(y), _b_texture(layer, plan)], [target], "batch", layer.name))
     if not c["weight"]:
         target = grad_target(plan, layer, 1)
         if target:
-            k = Kernel(_title(c, "matmul_grad_b"), "matmul_grad_b.glsl.j2", ("A", "DY"), consts=c)
+            k = Kernel(_title(c, "matmul_grad_b"), "kl", ("A", "DY"), kl=_grad_b_kl(c))
             passes.append(Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], [target], "batch", layer.name))
         return passes
     if graph.is_trainable(layer.params["weight"]):
-        k = Kernel(_title(c, "matmul_grad_weight"), "matmul_grad_weight.glsl.j2", ("A", "DY"),
-                   uniforms=("u_batch", "u_loss_scale"), consts=c)
+        k = Kernel(_title(c, "matmul_grad_weight"), "kl", ("A", "DY"),
+                   uniforms=("u_batch", "u_loss_scale"), kl=_grad_weight_kl(c))
         passes.append(Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], [param_grad(plan, layer, "weight")],
                            "full", layer.name))
     if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
