@@ -25,10 +25,13 @@ over the CPU backend's textures, where a vec4 is four numbers (the printer write
 """
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 TYPES = ("int", "float", "vec4", "bool", "bvec4")
+_JS_RESERVED = {"var", "let", "const", "new", "this", "function", "class", "in", "of", "do", "if", "for", "case",
+                "default", "delete", "typeof", "void", "with", "yield", "await", "null", "true", "false", "Math"}
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,9 @@ class KernelDef:
         return self._blocks[0]
 
     def _name(self, name: str) -> str:
-        if name in self._names or name in ("row", "col", "c", "u", "rows", "o") or not name.isidentifier():
+        # (and not a name the JavaScript printer gives its temporaries, t1, f2, v3, nor a JavaScript reserved word)
+        if (name in self._names or name in ("row", "col", "c", "u", "rows", "o", "l") or not name.isidentifier()
+                or re.fullmatch(r"[tfv][0-9]+", name) or name in _JS_RESERVED):
             raise ValueError(f"kl: name {name!r} is taken")
         self._names.add(name)
         return name

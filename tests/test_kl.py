@@ -34,6 +34,9 @@ def test_type_rules():
         k.let("a", 2)
     with pytest.raises(TypeError, match="cannot set"):
         k.set(kl.var("a", "int"), 1.0)
+    for name in ("t4", "v1", "f12", "var", "l"):  # the JavaScript printer's temporaries, a reserved word
+        with pytest.raises(ValueError, match="taken"):
+            k.let(name, 1)
 
 
 def _run_js(k, inputs: dict[str, np.ndarray], out_width: int, rows: int) -> np.ndarray:

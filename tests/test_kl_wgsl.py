@@ -68,9 +68,9 @@ class Merges(nn.Module):
 class Embedded(nn.Module):
     def __init__(self):
         super().__init__()
-        self.emb, self.head = nn.Embedding(11, 6), nn.Linear(6, 3)
+        self.emb, self.head = nn.Embedding(11, 6, padding_idx=2), nn.Linear(6, 3)
 
-    def forward(self, ids):  # (T,) ids
+    def forward(self, ids):  # (T,) ids: a texel of 4 and 2 more (the gradient's last ids)
         return self.head(self.emb(ids)).mean(1)
 
 
@@ -89,7 +89,7 @@ class Normed(nn.Module):
 
 
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
-          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (4,), "int64"),
+          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (6,), "int64"),
           "normed": (Normed, (7, 6), "float32")}
 
 
@@ -186,7 +186,8 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
             "tokens": {"matmul_forward", "matmul_grad_a", "matmul_grad_weight", "reduce_forward", "reduce_grad",
                        "softmax_forward", "softmax_grad"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad"},
-            "embedded": {"embedding_forward", "matmul_forward", "matmul_grad_weight", "reduce_forward", "reduce_grad"},
+            "embedded": {"embedding_forward", "embedding_grad_weight", "matmul_forward", "matmul_grad_weight",
+                         "reduce_forward", "reduce_grad"},
             "normed": {"layernorm_forward", "layernorm_grad_input", "layernorm_grad_weight", "matmul_forward",
                        "matmul_grad_a", "matmul_grad_b", "matmul_grad_weight", "rows_sum"}}
 

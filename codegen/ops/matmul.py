@@ -20,6 +20,11 @@ backward   layernorm_grad_input     DY, X, W  -> dX         rows: batch   rstd *
            layernorm_grad_weight    DY, X     -> dw         rows: full    sum over rows of dY * xhat
            rows_sum                 DY        -> db         rows: full
 Mean and variance are recomputed where they are needed (a row is a few texels): no statistics texture.
+
+Every kernel here is written in the kernel language (codegen/kl.py): its GLSL, the CPU backend's function and the
+WGSL are printed from it. The printed GLSL does what the hand templates it replaced did, fetch for fetch; the
+parameter gradients (matmul_grad_weight, layernorm_grad_weight, rows_sum) are included by the optimizer passes as
+their printed valueAt (ops/optim.py).
 """
 from __future__ import annotations
 
