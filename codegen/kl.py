@@ -14,7 +14,7 @@ from loads of its input textures at computed texel coordinates, in the channel-p
 
 Expressions are trees of `X` nodes: constants (Python ints and floats lift to int and float), shape constants
 (`k.sym(name, value)`: a literal in GLSL, read from the kernel's constants in JavaScript), `ROW`, `COL`,
-`uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `to_float(i)`, `to_int(f)`, arithmetic (a vec4
+`uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `vec4_of(a, b, c, d)`, `to_float(i)`, `to_int(f)`, arithmetic (a vec4
 with a float broadcasts), exp, log, sqrt, abs, maximum, minimum, comparisons (`a.eq(b)`, `a.ne(b)` for == and !=), & and | of bools,
 `select(cond, a, b)`, `dot`, `hmax`, `hsum`, constant arrays (`t = k.table(name, values)`, read as `t[i]`), uints
 (`u32(v)`, `to_uint(i)`: + and * wrap, ^, >>), and
@@ -26,6 +26,7 @@ over the CPU backend's textures, where a vec4 is four numbers (the printer write
 """
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -169,6 +170,14 @@ def splat(f) -> X:
     return X("splat", (lift(f),), type="vec4")
 
 
+def vec4_of(a, b, c, d) -> X:
+    """The vec4 of 4 floats (lane 0 first)."""
+    args = tuple(lift(x) for x in (a, b, c, d))
+    if any(x.type != "float" for x in args):
+        raise TypeError(f"kl: vec4_of {[x.type for x in args]}")
+    return X("vec4_of", args, type="vec4")
+
+
 def _unary(op):
     def f(x):
         x = lift(x)
@@ -250,6 +259,8 @@ _RESERVED = frozenset(
     "invariant layout let long lowp mediump namespace new noinline noperspective out output packed partition patch "
     "precision public resource return sample shared short sizeof smooth static struct superp switch template this "
     "typedef typeof uniform union unsigned using var varying void volatile while with yield".split())
+_JS_RESERVED = {"var", "let", "const", "new", "this", "function", "class", "in", "of", "do", "if", "for", "case",
+                "default", "delete", "typeof", "void", "with", "yield", "await", "null", "true", "false", "Math"}
 
 
 class KernelDef:
@@ -268,8 +279,10 @@ class KernelDef:
         return self._blocks[0]
 
     def _name(self, name: str) -> str:
-        if (name in self._names or name in ("row", "col", "c", "u", "rows", "o") or not name.isidentifier()
-                or name in _RESERVED or name.startswith("gl_") or "__" in name):
+        # (nor a name the JavaScript printer gives its temporaries, t1, f2, v3, nor one GLSL or JavaScript reserves)
+        if (name in self._names or name in ("row", "col", "c", "u", "rows", "o", "l") or not name.isidentifier()
+                or re.fullmatch(r"[tfv][0-9]+", name) or name in _RESERVED or name in _JS_RESERVED
+                or name.startswith("gl_") or "__" in name):
             raise ValueError(f"kl: name {name!r} is taken")
         self._names.add(name)
         return name

@@ -79,6 +79,8 @@ def _glsl(e: X) -> str:
         return f"{a[0]}[{a[1]}]"
     if op == "splat":
         return f"vec4({a[0]})"
+    if op == "vec4_of":
+        return f"vec4({', '.join(a)})"
     if op == "float_of":
         return f"float({a[0]})"
     if op == "int_of":
@@ -277,7 +279,11 @@ class _JS:
             return e.value
         v = self.fresh("v")
         self.arrays.append(v)
-        self.pre.append(f"for (let l = 0; l < 4; l++) {v}[l] = {self.lanewise(e)};")
+        if e.op == "vec4_of":  # lane by lane
+            lanes = [self.scalar(x) for x in e.args]
+            self.pre.append(" ".join(f"{v}[{i}] = {t};" for i, t in enumerate(lanes)))
+        else:
+            self.pre.append(f"for (let l = 0; l < 4; l++) {v}[l] = {self.lanewise(e)};")
         return v
 
     def lanewise(self, e: X) -> str:
@@ -297,6 +303,8 @@ class _JS:
             return f"{e.value}.data[{t} + l]"
         if op == "splat":
             return self.lanewise(e.args[0])
+        if op == "vec4_of":
+            return f"{self.vec(e)}[l]"
         if op in ("valid", "isvalid"):  # lane l of texel j holds channel 4 j + l
             held = f"({self.lanewise(e.args[0])} * 4 + l < {self.lanewise(e.args[1])})"
             return held if op == "isvalid" else f"({held} ? 1 : 0)"

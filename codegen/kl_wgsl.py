@@ -82,6 +82,8 @@ def _w(e: X) -> str:
         return f"{a[0]}[{a[1]}]"
     if op == "splat":
         return f"vec4<f32>({a[0]})"
+    if op == "vec4_of":
+        return f"vec4<f32>({', '.join(a)})"
     if op == "float_of":
         return f"f32({a[0]})"
     if op == "int_of":

@@ -150,7 +150,8 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                 generated[record["cpu"]] = fn
             if k.gradient is not None:  # an optimizer's gradient (ops/optim.py): its function, called with its consts
                 g = k.gradient
-                fn = js(g.kl, list(g.inputs), 1)
+                assert not set(g.kl.symbols) & set(k.consts), (k.name, g.kl.symbols)
+                fn = js(g.kl, list(g.inputs), g.outputs)
                 record["consts"]["gradient_cpu"] = source_id(fn)[:10]
                 record["consts"].update({n: v for n, v in sorted(g.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)})
                 generated[record["consts"]["gradient_cpu"]] = fn

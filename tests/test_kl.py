@@ -34,6 +34,9 @@ def test_type_rules():
         k.let("a", 2)
     with pytest.raises(TypeError, match="cannot set"):
         k.set(kl.var("a", "int"), 1.0)
+    for name in ("t4", "v1", "f12", "var", "l"):  # the JavaScript printer's temporaries, a reserved word
+        with pytest.raises(ValueError, match="taken"):
+            k.let(name, 1)
 
 
 def _run_js(k, inputs: dict[str, np.ndarray], out_width: int, rows: int, u: dict | None = None) -> np.ndarray:
@@ -160,3 +163,78 @@ def test_uint_hash_is_prep_dropouts_bit_for_bit():
     assert "uint hash = (uint(u_dropseed) ^ inner);" in src and "(hash * 2221713035u)" in src
     with pytest.raises(TypeError, match="uints"):
         kl.to_uint(ROW) + ROW
+def test_vec4_of_and_the_value_at_form():
+    """vec4_of builds a vec4 of 4 floats (here lanes of two loads, reversed and summed); a kernel that writes out0
+    last prints as the function valueAt an optimizer includes (ops/optim.py), `return` in place of out0."""
+    k = kl.KernelDef()
+    a = k.let("a", load("X", ROW, COL))
+    k.out(kl.vec4_of(*(kl.lane(a, 3 - j) + kl.lane(load("X", ROW, 0), j) for j in range(4))))
+    with pytest.raises(TypeError, match="vec4_of"):
+        kl.vec4_of(1.0, 2.0, 3.0, ROW)
+    tex = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    got = _run_js(k, {"X": tex}, 3, 2)
+    np.testing.assert_allclose(got, tex[:, :, ::-1].astype(np.float64) + tex[:, :1, :], rtol=1e-6)
+    assert "out0 = vec4(" in glsl(k)
+    src = glsl(k, value=True)
+    assert "vec4 valueAt(ivec2 _p) {" in src and "return _value;" in src and "out0" not in src
+
+
+def _tokens(x: np.ndarray) -> np.ndarray:
+    """Tokens (R, F) as their texture: a row a token, F packed 4 a texel, zero padding lanes."""
+    f4 = -(-x.shape[1] // 4)
+    t = np.zeros((x.shape[0], f4 * 4), np.float32)
+    t[:, :x.shape[1]] = x
+    return t.reshape(x.shape[0], f4, 4)
+
+
+@pytest.mark.parametrize("k", [3, 4, 6, 9])
+def test_matmul_kernels_printed_as_javascript(k):
+    """The token matmuls (ops/matmul.py) against numpy: blocks of activations (2 samples of 2 groups), and a weight
+    with a bias; k of every remainder mod 4 (the forward's tail), p = 5 (a padding lane)."""
+    from codegen.ops.matmul import _forward_kl, _grad_a_kl, _grad_b_kl, _grad_weight_kl
+
+    rng = np.random.default_rng(k)
+    n, g, m, p = 2, 2, 3, 5
+    c = dict(groups=g, m=m, k=k, p=p, p4=2, rows_a=g * m, rows_b=g * k, weight=False, has_bias=False)
+    a, b, dy = rng.standard_normal((n, g, m, k)), rng.standard_normal((n, g, k, p)), rng.standard_normal((n, g, m, p))
+    A, B, DY = (_tokens(x.reshape(-1, x.shape[-1])) for x in (a, b, dy))
+    got = _run_js(_forward_kl(c), {"A": A, "B": B}, 2, n * g * m)
+    np.testing.assert_allclose(got.reshape(n * g * m, 8)[:, :p], (a @ b).reshape(-1, p), rtol=1e-5, atol=1e-5)
+    assert not got.reshape(-1, 8)[:, p:].any()
+    got = _run_js(_grad_a_kl(c), {"DY": DY, "B": B}, -(-k // 4), n * g * m).reshape(n * g * m, -1)
+    np.testing.assert_allclose(got[:, :k], (dy @ b.transpose(0, 1, 3, 2)).reshape(-1, k), rtol=1e-5, atol=1e-5)
+    assert not got[:, k:].any()
+    got = _run_js(_grad_b_kl(c), {"A": A, "DY": DY}, 2, n * g * k).reshape(n * g * k, 8)
+    np.testing.assert_allclose(got[:, :p], (a.transpose(0, 1, 3, 2) @ dy).reshape(-1, p), rtol=1e-5, atol=1e-5)
+    # a weight [k, p] with a bias; its gradient summed over the batch's rows, divided by the loss scale
+    w, bias = rng.standard_normal((k, p)), rng.standard_normal((1, p))
+    cw = dict(c, groups=1, m=g * m, rows_b=0, weight=True, has_bias=True)
+    got = _run_js(_forward_kl(cw), {"A": A, "B": _tokens(w), "BIAS": _tokens(bias)}, 2, n * g * m)
+    np.testing.assert_allclose(got.reshape(-1, 8)[:, :p], a.reshape(-1, k) @ w + bias, rtol=1e-5, atol=1e-5)
+    got = _run_js(_grad_weight_kl(cw), {"A": A, "DY": DY}, 2, k, {"u_batch": n, "u_loss_scale": 2.0})
+    np.testing.assert_allclose(got.reshape(k, 8)[:, :p], a.reshape(-1, k).T @ dy.reshape(-1, p) / 2, rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("f", [4, 6])
+def test_layernorm_kernels_printed_as_javascript(f):
+    """The layernorm forward and gradients (ops/matmul.py) against numpy, padding lanes left zero."""
+    from codegen.ops.matmul import _ln_forward_kl, _ln_grad_input_kl, _ln_grad_weight_kl
+
+    rng = np.random.default_rng(f)
+    rows, n, eps = 3, 2, 1e-5
+    c = dict(rows=rows, f=f, eps=eps, has_bias=True)
+    x, dy = rng.standard_normal((n * rows, f)) * 2 + 1, rng.standard_normal((n * rows, f))
+    w, b = rng.standard_normal((1, f)), rng.standard_normal((1, f))
+    f4 = -(-f // 4)
+    rstd = 1 / np.sqrt(x.var(1, keepdims=True) + eps)
+    xhat = (x - x.mean(1, keepdims=True)) * rstd
+    got = _run_js(_ln_forward_kl(c), {"X": _tokens(x), "W": _tokens(w), "B": _tokens(b)}, f4, n * rows)
+    np.testing.assert_allclose(got.reshape(n * rows, -1)[:, :f], xhat * w + b, rtol=1e-4, atol=1e-5)
+    assert not got.reshape(n * rows, -1)[:, f:].any()
+    g = dy * w
+    ref = rstd * (g - g.mean(1, keepdims=True) - xhat * (g * xhat).mean(1, keepdims=True))
+    got = _run_js(_ln_grad_input_kl(c), {"DY": _tokens(dy), "X": _tokens(x), "W": _tokens(w)}, f4, n * rows)
+    np.testing.assert_allclose(got.reshape(n * rows, -1)[:, :f], ref, rtol=1e-4, atol=1e-5)
+    got = _run_js(_ln_grad_weight_kl(c), {"DY": _tokens(dy), "X": _tokens(x)}, f4, 1, {"u_batch": n, "u_loss_scale": 2.0})
+    np.testing.assert_allclose(got.reshape(1, -1)[:, :f], (dy * xhat).sum(0, keepdims=True) / 2, rtol=1e-4, atol=1e-5)

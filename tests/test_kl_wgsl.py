@@ -71,9 +71,9 @@ class Merges(nn.Module):
 class Embedded(nn.Module):
     def __init__(self):
         super().__init__()
-        self.emb, self.head = nn.Embedding(11, 6), nn.Linear(6, 3)
+        self.emb, self.head = nn.Embedding(11, 6, padding_idx=2), nn.Linear(6, 3)
 
-    def forward(self, ids):  # (T,) ids
+    def forward(self, ids):  # (T,) ids: a texel of 4 and 2 more (the gradient's last ids)
         return self.head(self.emb(ids)).mean(1)
 
 
@@ -108,9 +108,24 @@ class Tokened(nn.Module):
         return self.a(y).mean(1)
 
 
+class Normed(nn.Module):
+    """A layernorm and an attention's products of activations (Q K^T, A V): the token kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre, self.ln = nn.Linear(6, 6), nn.LayerNorm(6)
+        self.q, self.k = nn.Linear(6, 5), nn.Linear(6, 5)
+
+    def forward(self, x):  # (T, F) tokens
+        y = self.ln(self.pre(x))
+        a = torch.softmax(self.q(y) @ self.k(y).transpose(1, 2), -1)
+        return (a @ y).mean(2)
+
+
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
-          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (4,), "int64"),
-          "resampled": (Resampled, (3, 5, 4), "float32"), "tokened": (Tokened, (5, 7), "float32")}
+          "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (6,), "int64"),
+          "resampled": (Resampled, (3, 5, 4), "float32"), "tokened": (Tokened, (5, 7), "float32"),
+          "normed": (Normed, (7, 6), "float32")}
 
 
 def kl_passes(name):
@@ -203,12 +218,16 @@ console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 # what each model schedules among the kernels written in the kernel language (a family migrated to it joins here)
 EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward", "global_avgpool_grad",
                       "log_softmax_forward", "maxpool_forward", "maxpool_grad", "conv_grad_bias", "dense_grad_bias"},
-            "tokens": {"reduce_forward", "reduce_grad", "softmax_forward", "softmax_grad", "grad_sum"},
+            "tokens": {"matmul_forward", "matmul_grad_a", "matmul_grad_weight", "reduce_forward", "reduce_grad",
+                       "softmax_forward", "softmax_grad", "grad_sum"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad", "conv_grad_bias",
                        "dense_grad_bias", "dropout"},
-            "embedded": {"embedding_forward", "reduce_forward", "reduce_grad"},
+            "embedded": {"embedding_forward", "embedding_grad_weight", "matmul_forward", "matmul_grad_weight",
+                         "reduce_forward", "reduce_grad"},
             "resampled": {"resample", "gather", "gather_grad", "conv_grad_bias", "dense_grad_bias"},
-            "tokened": {"gather", "gather_grad"}}
+            "tokened": {"gather", "gather_grad"},
+            "normed": {"layernorm_forward", "layernorm_grad_input", "layernorm_grad_weight", "matmul_forward",
+                       "matmul_grad_a", "matmul_grad_b", "matmul_grad_weight", "rows_sum"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

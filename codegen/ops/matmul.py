@@ -20,12 +20,19 @@ backward   layernorm_grad_input     DY, X, W  -> dX         rows: batch   rstd *
            layernorm_grad_weight    DY, X     -> dw         rows: full    sum over rows of dY * xhat
            rows_sum                 DY        -> db         rows: full
 Mean and variance are recomputed where they are needed (a row is a few texels): no statistics texture.
+
+Every kernel here is written in the kernel language (codegen/kl.py): its GLSL, the CPU backend's function and the
+WGSL are printed from it. The printed GLSL does what the hand templates it replaced did, fetch for fetch; the
+parameter gradients (matmul_grad_weight, layernorm_grad_weight, rows_sum) are included by the optimizer passes as
+their printed valueAt (ops/optim.py).
 """
 from __future__ import annotations
 
 from texelfit.prep.layout import ceil_div
 
-from ..kernels import Kernel, Pass, glsl_float
+from .. import kl
+from ..kernels import Kernel, Pass
+from ..kl import COL, ROW, dot, hsum, lane, load, minimum, select, splat, sqrt, uniform, valid, vec4_of
 from .common import grad_target, lanes, param_grad
 
 
@@ -48,6 +55,90 @@ def _b_texture(layer, plan):
     return "param:" + layer.params["weight"] if "weight" in layer.params else plan.tensor(layer.inputs[1])
 
 
+def _brow(k: kl.KernelDef, c: dict):
+    """The row of B that row ROW's product starts at: 0 for a weight, n * rows_b + g * k for block g of sample n's
+    b (ROW = n * rows_a + g * m + i)."""
+    if c["weight"]:
+        return kl.lift(0)
+    rows_a, m, rows_b, kk = k.syms(rows_a=c["rows_a"], m=c["m"], rows_b=c["rows_b"], k=c["k"])
+    n = k.let("n", ROW // rows_a)
+    g = k.let("g", (ROW - n * rows_a) // m)
+    return k.let("brow", n * rows_b + g * kk)
+
+
+def _forward_kl(c: dict) -> kl.KernelDef:
+    """Y[r, p] = sum_k A[r, k] * B[brow + k, p] (+ b[p]); a texel: 4 outputs p of one row. 4 values of k a fetch of
+    A times the 4 texels of B's rows k .. k+3 (the hand GLSL's mat4 product: no per-component indexing, which
+    SwiftShader runs as a branch); the last k % 4 values of k without a fetch of the missing rows of B."""
+    k = kl.KernelDef()
+    brow = _brow(k, c)
+    acc = k.let("acc", load("BIAS", 0, COL) if c["has_bias"] else splat(0.0))
+    if c["k"] >= 4:
+        with k.loop("k4", k.sym("kq", c["k"] // 4)) as k4:
+            r = k.let("r", brow + 4 * k4)
+            a = k.let("a", load("A", ROW, k4))
+            k.set(acc, acc + (load("B", r, COL) * lane(a, 0) + load("B", r + 1, COL) * lane(a, 1)
+                              + load("B", r + 2, COL) * lane(a, 2) + load("B", r + 3, COL) * lane(a, 3)))
+    if c["k"] % 4:
+        kq = k.sym("kq", c["k"] // 4)
+        a = k.let("at", load("A", ROW, kq))
+        r = k.let("rt", brow + kq * 4)
+        for j in range(c["k"] % 4):
+            k.set(acc, acc + lane(a, j) * load("B", r + j, COL))
+    k.out(acc * valid(k.sym("p", c["p"]), COL))
+    return k
+
+
+def _grad_a_kl(c: dict) -> kl.KernelDef:
+    """dA[r, k] = sum_p dY[r, p] * B[brow + k, p] (dY B^T); a texel: 4 k of one row, each fetch of dY serving all 4
+    (past the last k, the last row of B is read and the lane written 0)."""
+    k = kl.KernelDef()
+    brow = _brow(k, c)
+    kk = k.sym("k", c["k"])
+    rows = [k.let(f"r{j}", brow + minimum(4 * COL + j, kk - 1)) for j in range(4)]
+    acc = k.let("acc", splat(0.0))
+    with k.loop("p4", k.sym("p4", c["p4"])) as p4:
+        d = k.let("d", load("DY", ROW, p4))
+        k.set(acc, acc + vec4_of(*(dot(d, load("B", r, p4)) for r in rows)))
+    k.out(acc * valid(kk, COL))
+    return k
+
+
+def _pick(k: kl.KernelDef, i) -> kl.X:
+    """The vec4 with 1.0 in lane i % 4 (a dot with it reads that lane without indexing by a variable)."""
+    i4 = k.let("i4", i // 4)
+    return k.let("pick", vec4_of(*(select((i - 4 * i4).eq(j), 1.0, 0.0) for j in range(4)))), i4
+
+
+def _grad_b_kl(c: dict) -> kl.KernelDef:
+    """dB[g*k + kk, p] = sum_i A[g*m + i, kk] * dY[g*m + i, p] (A^T dY a block, of each sample)."""
+    k = kl.KernelDef()
+    rows_a, m, rows_b, kk = k.syms(rows_a=c["rows_a"], m=c["m"], rows_b=c["rows_b"], k=c["k"])
+    n = k.let("n", ROW // rows_b)
+    rr = k.let("rr", ROW - n * rows_b)
+    g = k.let("g", rr // kk)
+    col = k.let("kk", rr - g * kk)
+    row0 = k.let("row0", n * rows_a + g * m)
+    pick, k4 = _pick(k, col)
+    acc = k.let("acc", splat(0.0))
+    with k.loop("i", m) as i:
+        k.set(acc, acc + dot(load("A", row0 + i, k4), pick) * load("DY", row0 + i, COL))
+    k.out(acc)
+    return k
+
+
+def _grad_weight_kl(c: dict) -> kl.KernelDef:
+    """dB[k, p] = sum over the rows of the batch (rows_a a sample) of X[row, k] * dY[row, p] (X: the input A); the
+    loss gradient came scaled (u_loss_scale)."""
+    k = kl.KernelDef()
+    pick, k4 = _pick(k, ROW)
+    acc = k.let("acc", splat(0.0))
+    with k.loop("r", uniform("u_batch", "int") * k.sym("rows_a", c["rows_a"])) as r:
+        k.set(acc, acc + dot(load("A", r, k4), pick) * load("DY", r, COL))
+    k.out(acc / uniform("u_loss_scale", "float"))
+    return k
+
+
 def _rows_out_consts(rows: int, k: int, p: int) -> dict:
     """The consts of a token-wise kernel over `rows` rows a sample, for the roles of a weight stored [O rows, I
     packed] (attrs["weight_rows"] == "out": a tied embedding table, prep.graph.untie_unsupported): each kernel
@@ -61,7 +152,7 @@ def _rows_out_forward(layer, graph, plan):
     """Y[r, o] = sum_i X[r, i] W[o, i]: matmul_grad_a's dY B^T, with dY := X, B := W [O rows, I packed]."""
     (rows, i), o = graph.shapes[layer.inputs[0]], graph.shapes[layer.outputs[0]][1]
     c = _rows_out_consts(rows, o, i)
-    k = Kernel(f"matmul_forward {rows}x{i}@({o}x{i})^T", "matmul_grad_a.glsl.j2", ("DY", "B"), consts=c)
+    k = Kernel(f"matmul_forward {rows}x{i}@({o}x{i})^T", "kl", ("DY", "B"), kl=_grad_a_kl(c))
     return [Pass(k, [plan.tensor(layer.inputs[0]), _b_texture(layer, plan)], [plan.tensor(layer.outputs[0])], "batch",
                  layer.name)]
 
@@ -73,12 +164,11 @@ def _rows_out_backward(layer, graph, plan):
     y, passes = layer.outputs[0], []
     target = grad_target(plan, layer, 0)
     if target:
-        k = Kernel(f"matmul_grad_a {rows}x{o}@{o}x{i}", "matmul_forward.glsl.j2", ("A", "B"),
-                   consts=_rows_out_consts(rows, o, i))
+        k = Kernel(f"matmul_grad_a {rows}x{o}@{o}x{i}", "kl", ("A", "B"), kl=_forward_kl(_rows_out_consts(rows, o, i)))
         passes.append(Pass(k, [plan.grad(y), _b_texture(layer, plan)], [target], "batch", layer.name))
     if graph.is_trainable(layer.params["weight"]):
-        k = Kernel(f"matmul_grad_weight ({rows}x{o})^T@{rows}x{i}", "matmul_grad_weight.glsl.j2", ("A", "DY"),
-                   uniforms=("u_batch", "u_loss_scale"), consts=_rows_out_consts(rows, o, i))
+        k = Kernel(f"matmul_grad_weight ({rows}x{o})^T@{rows}x{i}", "kl", ("A", "DY"),
+                   uniforms=("u_batch", "u_loss_scale"), kl=_grad_weight_kl(_rows_out_consts(rows, o, i)))
         passes.append(Pass(k, [plan.grad(y), plan.tensor(layer.inputs[0])], [param_grad(plan, layer, "weight")],
                            "full", layer.name))
     return passes
@@ -94,14 +184,25 @@ def forward(layer, graph, plan):
     textures = [plan.tensor(layer.inputs[0]), _b_texture(layer, plan)]
     if c["has_bias"]:
         textures.append("param:" + layer.params["bias"])
-    k = Kernel(_title(c, "matmul_forward"), "matmul_forward.glsl.j2", names, consts=c)
+    k = Kernel(_title(c, "matmul_forward"), "kl", names, kl=_forward_kl(c))
     return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
+
+
+def _rows_sum_kl(rows: int) -> kl.KernelDef:
+    """db[p] = sum over the rows of the batch (`rows` a sample) of dY[row, p]; the loss gradient came scaled
+    (u_loss_scale)."""
+    k = kl.KernelDef()
+    rows = k.sym("rows", rows)
+    acc = k.let("acc", splat(0.0))
+    with k.loop("r", uniform("u_batch", "int") * rows) as r:
+        k.set(acc, acc + load("DY", r, COL))
+    k.out(acc / uniform("u_loss_scale", "float"))
+    return k
 
 
 def _rows_sum(layer, graph, plan, role):
     rows = graph.shapes[layer.outputs[0]][0]
-    k = Kernel(f"rows_sum {rows}", "rows_sum.glsl.j2", ("DY",), uniforms=("u_batch", "u_loss_scale"),
-               consts={"rows": rows})
+    k = Kernel(f"rows_sum {rows}", "kl", ("DY",), uniforms=("u_batch", "u_loss_scale"), kl=_rows_sum_kl(rows))
     return Pass(k, [plan.grad(layer.outputs[0])], ["pgrad:" + layer.params[role]], "full", layer.name)
 
 
@@ -115,17 +216,17 @@ def backward(layer, graph, plan):
     passes = []
     target = grad_target(plan, layer, 0)
     if target:
-        k = Kernel(_title(c, "matmul_grad_a"), "matmul_grad_a.glsl.j2", ("DY", "B"), consts=c)
+        k = Kernel(_title(c, "matmul_grad_a"), "kl", ("DY", "B"), kl=_grad_a_kl(c))
         passes.append(Pass(k, [plan.grad(y), _b_texture(layer, plan)], [target], "batch", layer.name))
     if not c["weight"]:
         target = grad_target(plan, layer, 1)
         if target:
-            k = Kernel(_title(c, "matmul_grad_b"), "matmul_grad_b.glsl.j2", ("A", "DY"), consts=c)
+            k = Kernel(_title(c, "matmul_grad_b"), "kl", ("A", "DY"), kl=_grad_b_kl(c))
             passes.append(Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], [target], "batch", layer.name))
         return passes
     if graph.is_trainable(layer.params["weight"]):
-        k = Kernel(_title(c, "matmul_grad_weight"), "matmul_grad_weight.glsl.j2", ("A", "DY"),
-                   uniforms=("u_batch", "u_loss_scale"), consts=c)
+        k = Kernel(_title(c, "matmul_grad_weight"), "kl", ("A", "DY"),
+                   uniforms=("u_batch", "u_loss_scale"), kl=_grad_weight_kl(c))
         passes.append(Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], [param_grad(plan, layer, "weight")],
                            "full", layer.name))
     if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
@@ -135,8 +236,61 @@ def backward(layer, graph, plan):
 
 def _ln_consts(layer, graph):
     r, f = graph.shapes[layer.inputs[0]]
-    return dict(lanes(f), rows=r, f=f, f4=ceil_div(f, 4), f_float=glsl_float(f), eps=glsl_float(layer.attrs["eps"]),
-                has_bias="bias" in layer.params)
+    return dict(rows=r, f=f, eps=float(layer.attrs["eps"]), has_bias="bias" in layer.params)
+
+
+def _ln_syms(k: kl.KernelDef, c: dict):
+    """The shape constants of a layernorm kernel: f features, their count as a float, eps; and f4 texels a row."""
+    return k.sym("f", c["f"]), k.sym("nf", float(c["f"])), k.sym("eps", c["eps"]), k.sym("f4", ceil_div(c["f"], 4))
+
+
+def _row_stats(k: kl.KernelDef, c: dict, r) -> tuple[kl.X, kl.X]:
+    """mean and 1 / sqrt(var + eps) of row r of X over its f features (padding lanes masked), as variables."""
+    f, nf, eps, f4 = _ln_syms(k, c)
+    mean = k.let("mean", 0.0)
+    with k.loop("j", f4) as j:
+        k.set(mean, mean + dot(load("X", r, j), valid(f, j)))
+    k.set(mean, mean / nf)
+    var = k.let("variance", 0.0)
+    with k.loop("j2", f4) as j:
+        d = k.let("d", (load("X", r, j) - mean) * valid(f, j))
+        k.set(var, var + dot(d, d))
+    return mean, k.let("rstd", 1.0 / sqrt(var / nf + eps))
+
+
+def _ln_forward_kl(c: dict) -> kl.KernelDef:
+    """Y = (X - mean) / sqrt(var + eps) * w (+ b) over the f features of each row."""
+    k = kl.KernelDef()
+    mean, rstd = _row_stats(k, c, ROW)
+    y = (load("X", ROW, COL) - mean) * rstd * load("W", 0, COL)
+    k.out((y + load("B", 0, COL) if c["has_bias"] else y) * valid(k.sym("f", c["f"]), COL))
+    return k
+
+
+def _ln_grad_input_kl(c: dict) -> kl.KernelDef:
+    """dX = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dY * w, over the f features of each row."""
+    k = kl.KernelDef()
+    f, nf, _, f4 = _ln_syms(k, c)
+    mean, rstd = _row_stats(k, c, ROW)
+    sg, sgx = k.let("sg", 0.0), k.let("sgx", 0.0)
+    with k.loop("k4", f4) as j:
+        g = k.let("g", load("DY", ROW, j) * load("W", 0, j) * valid(f, j))
+        k.set(sg, sg + hsum(g))
+        k.set(sgx, sgx + dot(g, (load("X", ROW, j) - mean) * rstd))
+    xhat = k.let("xhat", (load("X", ROW, COL) - mean) * rstd)
+    k.out(rstd * (load("DY", ROW, COL) * load("W", 0, COL) - sg / nf - xhat * (sgx / nf)) * valid(f, COL))
+    return k
+
+
+def _ln_grad_weight_kl(c: dict) -> kl.KernelDef:
+    """dw = sum over the rows of the batch (`rows` a sample) of dY * xhat; the loss gradient came scaled."""
+    k = kl.KernelDef()
+    acc = k.let("acc", splat(0.0))
+    with k.loop("r", uniform("u_batch", "int") * k.sym("rows", c["rows"])) as r:
+        mean, rstd = _row_stats(k, c, r)
+        k.set(acc, acc + load("DY", r, COL) * (load("X", r, COL) - mean) * rstd)
+    k.out(acc * valid(k.sym("f", c["f"]), COL) / uniform("u_loss_scale", "float"))
+    return k
 
 
 def _ln_forward(layer, graph, plan):
@@ -145,7 +299,7 @@ def _ln_forward(layer, graph, plan):
     textures = [plan.tensor(layer.inputs[0]), "param:" + layer.params["weight"]]
     if c["has_bias"]:
         textures.append("param:" + layer.params["bias"])
-    k = Kernel(f"layernorm_forward {c['rows']}x{c['f']}", "layernorm_forward.glsl.j2", names, consts=c)
+    k = Kernel(f"layernorm_forward {c['rows']}x{c['f']}", "kl", names, kl=_ln_forward_kl(c))
     return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
 
 
@@ -155,12 +309,11 @@ def _ln_backward(layer, graph, plan):
     passes = []
     target = grad_target(plan, layer, 0)
     if target:
-        k = Kernel(f"layernorm_grad_input {c['rows']}x{c['f']}", "layernorm_grad_input.glsl.j2", ("DY", "X", "W"),
-                   consts=c)
+        k = Kernel(f"layernorm_grad_input {c['rows']}x{c['f']}", "kl", ("DY", "X", "W"), kl=_ln_grad_input_kl(c))
         passes.append(Pass(k, [plan.grad(y), x, "param:" + layer.params["weight"]], [target], "batch", layer.name))
     if graph.is_trainable(layer.params["weight"]):
-        k = Kernel(f"layernorm_grad_weight {c['rows']}x{c['f']}", "layernorm_grad_weight.glsl.j2", ("DY", "X"),
-                   uniforms=("u_batch", "u_loss_scale"), consts=c)
+        k = Kernel(f"layernorm_grad_weight {c['rows']}x{c['f']}", "kl", ("DY", "X"),
+                   uniforms=("u_batch", "u_loss_scale"), kl=_ln_grad_weight_kl(c))
         passes.append(Pass(k, [plan.grad(y), x], ["pgrad:" + layer.params["weight"]], "full", layer.name))
     if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
         passes.append(_rows_sum(layer, graph, plan, "bias"))

@@ -19,7 +19,9 @@ The pass also computes the gradient it applies: it includes the parameter's grad
 language is printed as that function, valueAt, and its CPU function is the one the CPU optimizer calls). So a
 training step runs the backward without the passes that write pgrad: textures (the schedule's
 train_backward) and never writes nor reads a parameter gradient: one pass and one round trip
-through memory fewer per parameter. `gradients()` runs those passes and reads pgrad:.
+through memory fewer per parameter. `gradients()` runs those passes and reads pgrad:. A gradient kernel of the
+kernel language (its `kl`) is included so too: the optimizer kernel's `gradient` (codegen/kernels.py), printed as
+valueAt in its GLSL; its CPU function calls the gradient's printed one (c.gradient "kl", c.gradient_cpu).
 """
 from __future__ import annotations
 
