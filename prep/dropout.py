@@ -6,8 +6,8 @@ counter-based hash, so that the forward and backward of a step, the GPU and the 
 step replayed after a lost context all draw the same one, and so that a test can reproduce them in
 PyTorch:
 
-    step seed   s = lowbias32(fit seed + step * 0x9E3779B9) & 0x7fffffff       (runtime: dropout.js, model.js.j2)
-    element     h = lowbias32(s ^ lowbias32(index + salt))                       (kernels/dropout.glsl.j2)
+    step seed   s = lowbias32(fit seed + step * 0x9E3779B9) & 0x7fffffff       (runtime: dropout.js)
+    element     h = lowbias32(s ^ lowbias32(index + salt))                       (codegen/ops/dropout.py)
     kept        (h >> 8) / 2^24 >= p
 
 `step` counts the fit's steps from 0, `index` is the element's row-major index in the batch

@@ -28,7 +28,7 @@ together are merged, so ShuffleNet's Reshape -> Transpose -> Reshape becomes one
 
 The map runs over the *storage* of both ends, not their logical shapes: `storage_ops` (from the
 texture layout, prep/layout.py) takes a tensor's stored dims (C, H, W) to its logical shape, so the
-kernel (kernels/gather.glsl.j2 and its CPU twin) starts from the (c, h, w) of an output texel lane
+kernel (codegen/ops/gather.py, in the kernel language) starts from the (c, h, w) of an output texel lane
 and ends at the (c, h, w) of the source lane. A tensor packed differently (token tensors [T, F],
 issue 19) changes `storage_ops`, not this module.
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 
-# A constant part's values are baked into its kernel's source (a GLSL const array, kernels/gather.glsl.j2):
+# A constant part's values are baked into its kernel's source (a constant array of the kernel language, codegen/ops/gather.py):
 # enough for coordinate channels or padding channels of small images, not for a constant image.
 MAX_CONSTANT_FLOATS = 4096
 
@@ -246,7 +246,7 @@ def part_views(src_storage, to_logical, ops, to_storage) -> list[View] | None:
 
 
 def render_views(views: list[View]) -> list[dict]:
-    """The views as kernel constants (kernels/gather.glsl.j2, runtime/cpu.js.j2: cpuGatherIndex):
+    """The views as kernel constants (codegen/ops/gather.py: the kernel, written once in the kernel language):
     top first, each axis innermost first with its size, stride and, where it does not cover the
     whole axis, its valid range."""
     out = []

@@ -10,8 +10,8 @@ adam   (gradient inputs), P0, P, M, V  -> P', M', V'  (torch.optim.Adam; AdamW w
 P0 is the anchor of fit's proximal term (FedProx), the weights the fit started from: the gradient gets
 u_mu * (P - P0), that of mu / 2 * ||w - w_start||^2, in the program compiled with PROXIMAL defined. The schedule
 binds the parameter itself there, and its programs leave P0 unread; a fit with `proximal` runs the PROXIMAL
-variants (runtime/runner.js: variant) with a texture of its starting weights bound as P0 (runtime/model.js.j2:
-#optimizerOf). So a fit without one runs the programs it ran before and takes no memory. (P0: a name no gradient
+variants (runtime/runner.js: variant) with a texture of its starting weights bound as P0 (runtime/optimizer.js:
+optimizerOf). So a fit without one runs the programs it ran before and takes no memory. (P0: a name no gradient
 kernel gives an input of its own; matmul_grad_weight reads an A.)
 
 The pass also computes the gradient it applies: it includes the parameter's gradient kernel
