@@ -1,11 +1,14 @@
 """Constants and helpers shared by the op families."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from texelfit.prep.layout import (COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, SAMPLE_BLOCK,  # noqa: F401
                                   ceil_div, chw)  # (chw: the ops take it from here)
 
 from texelfit.prep.elementwise import UNARY, X, const, derivatives_of, forward_of
 
+from .. import kl
 from ..expr import functions
 from ..kernels import Kernel, Pass
 
@@ -185,3 +188,18 @@ def param_grad(plan, layer, role: str) -> str:
     name = layer.params[role]
     readers = plan.param_grad_parts.get(name)
     return f"pgrad{readers.index(layer.name)}:{name}" if readers else "pgrad:" + name
+
+
+@contextmanager
+def channel_lanes(k, c4, count):
+    """A kernel of the language that fills its output texel (ROW, COL) lane by lane, each lane a channel: yields
+    (x, ch, j, v) inside the loop over the 4 lanes j, where channel ch = cc * 4 + j is one of the `count` (the
+    padding lanes stay 0): x = COL // c4, the texel's position in its row, cc its channel texel, v the texel
+    (zero to start), which the caller writes out after (k.out). Gather, flatten's and concat's gradients."""
+    x = k.let("x", kl.COL // c4)
+    cc = k.let("cc", kl.COL - x * c4)
+    v = k.let("v", kl.splat(0.0))
+    with k.loop("j", 4) as j:
+        ch = k.let("ch", cc * 4 + j)
+        with k.when(ch < count):
+            yield x, ch, j, v

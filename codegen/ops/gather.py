@@ -22,8 +22,8 @@ from contextlib import nullcontext
 
 from .. import kl
 from ..kernels import Kernel, Pass
-from ..kl import COL, ROW, lane, lift, load, select, splat, uniform
-from .common import chw, grad_target
+from ..kl import ROW, lane, lift, load, select, uniform
+from .common import channel_lanes, chw, grad_target
 
 
 def _dims(shape) -> str:
@@ -74,20 +74,15 @@ def _kl(out_shape, sources, batch_sum: bool) -> kl.KernelDef:
     c, h, w, c4 = k.syms(**_out_consts(out_shape))
     n = k.let("n", ROW // h)
     y = k.let("y", ROW - n * h)
-    x = k.let("x", COL // c4)
-    cc = k.let("cc", COL - x * c4)
-    v = k.let("v", splat(0.0))
-    with k.loop("j", 4) as j:
-        ch = k.let("ch", cc * 4 + j)
-        with k.when(ch < c):
-            index = k.let("index", (ch * h + y) * w + x)
-            for si, s in enumerate(sources):
-                f, ok = _index(k, str(si), index, s["views"])
-                with k.when(ok) if ok is not None else nullcontext():
-                    if s["data"] is not None:
-                        k.set_lane(v, j, lane(v, j) + k.table(s["const"], s["data"])[f])
-                    else:
-                        _read(k, si, s, f, v, j, n, batch_sum)
+    with channel_lanes(k, c4, c) as (x, ch, j, v):
+        index = k.let("index", (ch * h + y) * w + x)
+        for si, s in enumerate(sources):
+            f, ok = _index(k, str(si), index, s["views"])
+            with k.when(ok) if ok is not None else nullcontext():
+                if s["data"] is not None:
+                    k.set_lane(v, j, lane(v, j) + k.table(s["const"], s["data"])[f])
+                else:
+                    _read(k, si, s, f, v, j, n, batch_sum)
     # a parameter's gradient came scaled (kernels.py: u_loss_scale)
     k.out(v / uniform("u_loss_scale", "float") if batch_sum else v)
     return k

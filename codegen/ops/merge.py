@@ -16,7 +16,7 @@ from texelfit.prep.layout import ceil_div
 from .. import kl
 from ..kernels import Kernel, Pass
 from ..kl import COL, ROW, lane, load, splat
-from .common import chw, grad_target
+from .common import channel_lanes, chw, grad_target
 
 
 def _forward_kl(channels: list[int]) -> kl.KernelDef:
@@ -45,14 +45,9 @@ def _grad_kl(start: int, channels: int, total: int) -> kl.KernelDef:
     k = kl.KernelDef()
     start, channels, c4, y_c4 = k.syms(start=start, channels=channels, c4=ceil_div(channels, 4),
                                        y_c4=ceil_div(total, 4))
-    b = k.let("b", COL // c4)
-    cc = k.let("cc", COL - b * c4)
-    v = k.let("v", splat(0.0))
-    with k.loop("j", 4) as j:
-        i = k.let("i", cc * 4 + j)
-        with k.when(i < channels):
-            ch = k.let("ch", i + start)
-            k.set_lane(v, j, lane(load("DY", ROW, b * y_c4 + ch // 4), ch % 4))
+    with channel_lanes(k, c4, channels) as (b, i, j, v):
+        ch = k.let("cy", i + start)
+        k.set_lane(v, j, lane(load("DY", ROW, b * y_c4 + ch // 4), ch % 4))
     k.out(v)
     return k
 

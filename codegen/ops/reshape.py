@@ -16,7 +16,7 @@ from texelfit.prep.layout import ceil_div, flattens_in_place
 from .. import kl
 from ..kernels import Kernel, Pass
 from ..kl import COL, ROW, lane, load, splat
-from .common import chw, grad_target
+from .common import channel_lanes, chw, grad_target
 
 
 def _syms(k: kl.KernelDef, c: int, h: int, w: int):
@@ -44,14 +44,9 @@ def _grad_kl(c: int, h: int, w: int) -> kl.KernelDef:
     c, h, w, c4 = _syms(k, c, h, w)
     n = k.let("n", ROW // h)
     y = k.let("y", ROW - n * h)
-    x = k.let("x", COL // c4)
-    cc = k.let("cc", COL - x * c4)
-    v = k.let("v", splat(0.0))
-    with k.loop("j", 4) as j:
-        ch = k.let("ch", cc * 4 + j)
-        with k.when(ch < c):
-            f = k.let("f", (ch * h + y) * w + x)
-            k.set_lane(v, j, lane(load("DY", n, f // 4), f % 4))
+    with channel_lanes(k, c4, c) as (x, ch, j, v):
+        f = k.let("f", (ch * h + y) * w + x)
+        k.set_lane(v, j, lane(load("DY", n, f // 4), f % 4))
     k.out(v)
     return k
 
