@@ -1,4 +1,4 @@
-"""The LOWERINGS entries (prep/lower.py) of Einsum, DepthToSpace, SpaceToDepth and CumSum.
+"""The LOWERINGS entries (prep/lower.py) of Einsum, DepthToSpace, SpaceToDepth, CumSum, GlobalMaxPool and ReduceMin.
 
 Einsum      the equations of batched matmuls, transposes and reductions (attention's `bhqd,bhkd->bhqk`,
             `bhqk,bhkd->bhqd`, `bij->bji`, `bij->bi`, `...` too): ReduceSum of the indices only one operand
@@ -16,6 +16,10 @@ CumSum      a scan of log2(T) steps (Hillis-Steele): y += y shifted by 1, 2, 4, 
             the last axis), and not a sum of T shifted gather parts: T unrolled reads a texel. The scan
             works on any per-sample axis in 2 log2(T) passes; its gradient is the reverse scan (the
             gathers' inverse chains and the Adds), the reverse cumsum.
+GlobalMaxPool
+            (nn.AdaptiveMaxPool2d(1), nn.AdaptiveMaxPool1d(1)) ReduceMax over every axis after the channels,
+            keepdims: the reduce op's max, whose gradient is shared among ties (one per sample and channel).
+ReduceMin   (torch.amin) Neg, ReduceMax, Neg: the gradient shared among ties, as torch.amin's (and amax's).
 """
 from __future__ import annotations
 
@@ -239,3 +243,24 @@ def _cumsum(node, ctx: LowerCtx) -> list:
 
 
 LOWERINGS["CumSum"] = _cumsum
+
+
+def _global_max_pool(node, ctx: LowerCtx) -> list:
+    rank = len(ctx.shape(node.input[0], node))
+    if rank < 3:
+        raise BuildError(f"{where_of(node)}: GlobalMaxPool needs an input [N, C, ...] of rank 3 or more")
+    axes = list(range(2, rank))
+    if ctx.opset >= 18:
+        return [ctx.node(node, "ReduceMax", [node.input[0], ctx.ints(node, "axes", axes)], node.output[0], keepdims=1)]
+    return [ctx.node(node, "ReduceMax", [node.input[0]], node.output[0], axes=axes, keepdims=1)]
+
+
+def _reduce_min(node, ctx: LowerCtx) -> list:
+    """min(x) = -max(-x), over the same axes (an attribute, or an input from opset 18) with the same keepdims."""
+    neg = ctx.node(node, "Neg", [node.input[0]])
+    top = ctx.node(node, "ReduceMax", [neg.output[0], *node.input[1:]], None, **attrs_of(node))
+    return [neg, top, ctx.node(node, "Neg", [top.output[0]], node.output[0])]
+
+
+LOWERINGS["GlobalMaxPool"] = _global_max_pool
+LOWERINGS["ReduceMin"] = _reduce_min

@@ -1,13 +1,13 @@
 """Ops lowered at import into ops the IR has (prep/lower.py: LOWERINGS): Einsum, Slice with a negative step
 (torch.flip; prep/shape.py's flip view), DepthToSpace (nn.PixelShuffle; DCR and CRD), SpaceToDepth and
-nn.PixelUnshuffle, CumSum (inclusive, exclusive, reverse).
+nn.PixelUnshuffle, CumSum (inclusive, exclusive, reverse), GlobalMaxPool and ReduceMin (torch.amin).
 
 Without a browser: the IR run in PyTorch (prep/torch_ir.py) computes each module's output and input
 gradient; the errors name the op, the node and what is unsupported. In Chromium, on WebGL2 (float32), the
 rgba8 tier and the CPU backend: forward and every gradient against PyTorch (helpers.check_op, the README's
 tolerances), and optimizer trajectories (helpers.check_training) of an einsum attention block, whose
 `bik,jk->bij` weight trains under its state_dict name, and of a PixelShuffle super-resolution net.
-ONNX forms torch does not export (CumSum's exclusive and reverse, DepthToSpace DCR, SpaceToDepth) are the
+ONNX forms torch does not export (CumSum's exclusive and reverse, DepthToSpace DCR, SpaceToDepth, GlobalMaxPool) are the
 export of the same function rewritten into them (`transform`).
 """
 from __future__ import annotations
@@ -174,6 +174,28 @@ def _cumsum_forms(model):
     return model
 
 
+class MaxMinPools(nn.Module):
+    """nn.AdaptiveMaxPool2d(1) (GlobalMaxPool: _global_max_pool_form) and torch.amin over H and W (ReduceMin) of the
+    same features."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.pool, self.head = nn.Conv2d(3, 6, 3), nn.AdaptiveMaxPool2d(1), nn.Linear(12, 4)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))
+        return self.head(torch.cat([self.pool(y).flatten(1), torch.amin(y, dim=(2, 3))], 1))
+
+
+def _global_max_pool_form(model):
+    """torch exports AdaptiveMaxPool2d(1) as a MaxPool of the whole map; other exporters (tf2onnx, a Keras
+    GlobalMaxPooling2D) write GlobalMaxPool, which the same function is rewritten into."""
+    pool = next(n for n in model.graph.node if n.op_type == "MaxPool")
+    pool.op_type = "GlobalMaxPool"
+    del pool.attribute[:]
+    return model
+
+
 # case -> (factory, per-sample shape, loss, transform, the ONNX ops the export must hold)
 CASES = {
     "einsum_attention": (EinsumAttention, (T, F_), "cross_entropy", None, {"Einsum"}),
@@ -183,6 +205,7 @@ CASES = {
     "pixel_unshuffle": (Unshuffle, (3, 6, 10), "cross_entropy", None, {"Transpose"}),
     "depth_space_blocks": (Blocks, (3, 6, 10), "cross_entropy", _blocks_as_onnx_ops, {"DepthToSpace", "SpaceToDepth"}),
     "cumsum": (Cumsums, (T, F_), "cross_entropy", _cumsum_forms, {"CumSum"}),
+    "global_max_and_min": (MaxMinPools, (3, 5, 7), "cross_entropy", _global_max_pool_form, {"GlobalMaxPool", "ReduceMin"}),
 }
 
 
@@ -360,6 +383,7 @@ def test_forward_and_gradients(web, site, case, backend):
     (SuperRes, (3, 5, 7), "mse", "cpu", "adam"),
     (EinsumAttention, (T, F_), "cross_entropy", "webgl", "adam"),
     (EinsumAttention, (T, F_), "cross_entropy", "rgba8", "sgd_momentum_wd"),
+    (MaxMinPools, (3, 5, 7), "cross_entropy", "webgl", "adam"),  # (ReduceMin; the pool as torch exports it)
 ])
 def test_training_trajectories(web, site, factory, shape, loss, backend, opt):
     """Every named parameter (EinsumAttention's `wq`, read by `btf,gf->btg`, included) after 6 steps."""
