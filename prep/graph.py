@@ -45,7 +45,8 @@ SUPPORTED_OPS = tuple(dict.fromkeys([op for op in _LISTED if op in REGISTRY.ops]
 MODULE_HINTS = {k: v for k, v in {
     "InstanceNormalization": "nn.GroupNorm / nn.InstanceNorm2d", "GroupNormalization": "nn.GroupNorm",
     "LSTM": "nn.LSTM", "GRU": "nn.GRU", "RNN": "nn.RNN", "Gelu": "nn.GELU", "Einsum": "torch.einsum",
-    "Attention": "nn.MultiheadAttention", "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin"}.items()
+    "Attention": "nn.MultiheadAttention", "ReduceProd": "Tensor.prod", "ReduceMin": "Tensor.amin",
+    "ReduceLogSumExp": "torch.logsumexp"}.items()
     if k not in LOWERINGS}
 # ops refused by decision, not by omission: why, in the build error
 _RECURRENT = ("recurrent layers are not supported yet (attention, nn.TransformerEncoderLayer, or a 1-D conv over "
