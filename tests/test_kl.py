@@ -301,3 +301,22 @@ def test_mse_kernels_printed_as_javascript(sample_rows, f):
     np.testing.assert_allclose(got[0, ring, 0], loss.item(), rtol=1e-5)
     got[0, ring, 0] = 0
     assert not got.any()
+
+
+@pytest.mark.parametrize("c, h, w", [(6, 3, 2), (5, 1, 1)])
+def test_samples_last_printed_as_javascript(c, h, w):
+    """samples_last (ops/common.py) against numpy: A (c, h, w) a sample, 6 samples in a texture of 8, a batch of 5
+    (zero past it), the samples as channels: texel (w*nb4 + n4, c*h + h), lane n % 4, holds A[n, c, h, w]; a
+    dense tensor (w = 1) reads channel texels as a w of 0."""
+    from codegen.ops.common import samples_last_kl
+
+    rng = np.random.default_rng(c)
+    samples, batch, nb4, c4 = 8, 5, 2, -(-c // 4)
+    a = rng.standard_normal((samples, c, h, w))
+    tex = np.zeros((samples, h, w, c4 * 4), np.float32)
+    tex[..., :c] = a.transpose(0, 2, 3, 1)
+    tex = tex.reshape(samples * h, w * c4, 4)
+    got = _run_js(samples_last_kl(c4 if w > 1 else 0, h, nb4), {"A": tex}, w * nb4, c * h, {"u_batch": batch})
+    ref = np.zeros((c, h, w, nb4 * 4))
+    ref[..., :batch] = a[:batch].transpose(1, 2, 3, 0)
+    np.testing.assert_array_equal(got, ref.reshape(c * h, w * nb4, 4).astype(np.float32))

@@ -229,7 +229,8 @@ console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 
 # what each model schedules among the kernels written in the kernel language (a family migrated to it joins here)
 EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward", "global_avgpool_grad",
-                      "cross_entropy_grad", "cross_entropy_value", "log_softmax_forward", "maxpool_forward", "maxpool_grad", "conv_grad_bias", "dense_grad_bias"},
+                      "cross_entropy_grad", "cross_entropy_value", "log_softmax_forward", "maxpool_forward", "maxpool_grad", "conv_grad_bias", "dense_grad_bias",
+                      "samples_last"},
             "tokens": {"matmul_forward", "matmul_grad_a", "matmul_grad_weight", "reduce_forward", "reduce_grad",
                        "softmax_forward", "softmax_grad", "grad_sum", "mse_grad", "mse_value"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad", "conv_grad_bias",
