@@ -191,11 +191,11 @@ def samples_last_kl(c4: int, h: int, nb4: int) -> kl.KernelDef:
     ci = k.let("ci", ch // 4)
     pick = k.let("pick", ch - 4 * ci)  # channel ch's lane of its texel
     at, row = k.let("at", w * c4 + ci), k.let("at_row", n * h + kl.ROW - ch * h)
-    last = k.let("last", kl.minimum(kl.uniform("u_batch", "int") - n, 4))
+    last = k.let("last", kl.uniform("u_batch", "int") - n)
     t = k.let("t", kl.splat(0.0))
-    for i in range(4):
-        with k.when(last > i):
-            k.set_lane(t, i, kl.lane(kl.load("A", row + i * h if i else row, at), pick))
+    with k.loop("i", 4) as i:  # (a constant count: the GLSL compiler unrolls it, as the template was written)
+        with k.when(i < last):  # the samples n .. n + 3 in the batch
+            k.set_lane(t, i, kl.lane(kl.load("A", row + i * h, at), pick))
     k.out(t)
     return k
 
