@@ -272,6 +272,9 @@ class KernelDef:
         self._names: set[str] = set()
         self.written: set[int] = set()
         self.symbols: dict[str, int | float] = {}
+        # a loss-value kernel (a "ring" pass, ops/loss.py): it writes one texel, u_ring of the output's row 0 (ROW 0,
+        # COL u_ring), where WebGL2's viewport puts it; the JavaScript and WGSL printers write that texel alone
+        self.ring = False
 
     @property
     def body(self) -> list:

@@ -347,7 +347,8 @@ def js(k, inputs: list[str], outputs: int) -> str:
     outs = ", ".join(f"out{i}" for i in range(outputs))
     head = [f"(c, [{', '.join(inputs)}], [{outs}], u, rows) => {{",
             *(f"  const {a} = new Float64Array(4);" for a in p.arrays),
-            "  for (let row = 0; row < rows; row++) {",
-            "    for (let col = 0; col < out0.width; col++) {",
-            "      const o = (row * out0.width + col) * 4;"]
+            *(["  {", "    {", "      const row = 0, col = u.u_ring, o = col * 4;"] if k.ring else  # texel u_ring
+              ["  for (let row = 0; row < rows; row++) {",
+               "    for (let col = 0; col < out0.width; col++) {",
+               "      const o = (row * out0.width + col) * 4;"])]
     return "\n".join(head + lines + ["    }", "  }", "}"])

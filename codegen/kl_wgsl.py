@@ -12,6 +12,7 @@ struct of i32 and f32 scalars:
     w_NAME                 each input's width in texels (a load of NAME at (r, c) reads NAME[r * w_NAME + c])
     u_...                  the kernel's uniforms, as codegen/kernels.py: UNIFORM_TYPES types them
 
+A loss-value kernel (KernelDef.ring) is one invocation writing texel u_ring (a field then) of the output.
 `struct_fields(k, inputs)` lists those fields in order, with their types, for whoever fills the buffer (4 bytes
 each; the struct is padded to 16). The dispatch covers rows * width invocations in workgroups of WORKGROUP, over
 x and then y (a grid of at most 65,535 workgroups a side): `dispatch(rows, width)` gives the grid.
@@ -129,7 +130,7 @@ def _uniforms(k) -> list[str]:
                 walk(x)
 
     walk(k.body)
-    return sorted(found)
+    return sorted(found | ({"u_ring"} if k.ring else set()))
 
 
 def struct_fields(k, inputs: list[str]) -> list[tuple[str, str]]:
@@ -168,8 +169,12 @@ def wgsl(k, inputs: list[str], outputs: int) -> str:
              f"@group(0) @binding({len(inputs) + outputs}) var<uniform> _d: _D;"]
     main = [f"@compute @workgroup_size({WORKGROUP})",
             "fn main(@builtin(global_invocation_id) _g: vec3<u32>, @builtin(num_workgroups) _n: vec3<u32>) {",
-            f"  let _i = i32(_g.x + _g.y * _n.x * {WORKGROUP}u);",
-            "  if (_i >= _d.rows * _d.width) { return; }",
-            "  let _row = _i / _d.width;",
-            "  let _col = _i % _d.width;"]
+            *(["  if (_g.x + _g.y > 0u) { return; }",  # a loss value: one invocation writes texel u_ring
+               "  let _i = _d.u_ring;",
+               "  let _row = 0;",
+               "  let _col = _i;"] if k.ring else
+              [f"  let _i = i32(_g.x + _g.y * _n.x * {WORKGROUP}u);",
+               "  if (_i >= _d.rows * _d.width) { return; }",
+               "  let _row = _i / _d.width;",
+               "  let _col = _i % _d.width;"])]
     return "\n".join([*decl, *sorted(helpers.values()), *main, *lines, "}"]) + "\n"

@@ -238,3 +238,85 @@ def test_layernorm_kernels_printed_as_javascript(f):
     np.testing.assert_allclose(got.reshape(n * rows, -1)[:, :f], ref, rtol=1e-4, atol=1e-5)
     got = _run_js(_ln_grad_weight_kl(c), {"DY": _tokens(dy), "X": _tokens(x)}, f4, 1, {"u_batch": n, "u_loss_scale": 2.0})
     np.testing.assert_allclose(got.reshape(1, -1)[:, :f], (dy * xhat).sum(0, keepdims=True) / 2, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("classes", [3, 8, 33])
+@pytest.mark.parametrize("stats", [False, True])
+def test_cross_entropy_kernels_printed_as_javascript(classes, stats):
+    """cross_entropy's passes (ops/loss.py) against PyTorch: a batch of 3 in textures of 5 rows (the rows past the
+    batch hold other values, which the value must not read), padding lanes; its statistics pass (whose output the
+    others read, `stats`) or their own loop over the classes; the value into texel u_ring of the ring alone."""
+    import torch
+
+    from codegen.ops.loss import cross_entropy_grad_kl, cross_entropy_stats_kl, cross_entropy_value_kl
+
+    rng = np.random.default_rng(classes)
+    rows, batch, c4, ring = 5, 3, -(-classes // 4), 5
+    z, _ = _packed(rows, 1, classes, rng)
+    labels = np.zeros((rows, 1, 4), np.float32)
+    labels[:, 0, 0] = rng.integers(0, classes, rows)
+    u = {"u_batch": batch, "u_loss_scale": 4.0, "u_ring": ring}
+    inputs = {"Z": z, "LABELS": labels}
+    if stats:
+        s = _run_js(cross_entropy_stats_kl(classes, c4), {"Z": z}, 1, rows)
+        logits = torch.tensor(z.reshape(rows, -1)[:, :classes], dtype=torch.float64)
+        np.testing.assert_allclose(s[:, 0, 0], logits.max(1).values.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(s[:, 0, 1], torch.exp(logits - logits.max(1, keepdim=True).values).sum(1),
+                                   rtol=1e-5)
+        assert not s[:, 0, 2:].any()
+        inputs["S"] = s.astype(np.float32)
+    logits = torch.tensor(z.reshape(rows, -1)[:batch, :classes], dtype=torch.float64, requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(logits, torch.tensor(labels[:batch, 0, 0], dtype=torch.int64))
+    loss.backward()
+    got = _run_js(cross_entropy_grad_kl(classes, c4, stats), inputs, c4, batch, u).reshape(batch, -1)
+    np.testing.assert_allclose(got[:, :classes], logits.grad.numpy() * 4.0, rtol=1e-5, atol=1e-7)
+    assert not got[:, classes:].any(), "padding lanes stay zero"
+    got = _run_js(cross_entropy_value_kl(classes, c4, stats), inputs, 8, 1, u)
+    np.testing.assert_allclose(got[0, ring, 0], loss.item(), rtol=1e-5)
+    got[0, ring, 0] = 0
+    assert not got.any(), "the value pass writes (loss, 0, 0, 0) into texel u_ring alone"
+
+
+@pytest.mark.parametrize("sample_rows, f", [(1, 6), (2, 5)])
+def test_mse_kernels_printed_as_javascript(sample_rows, f):
+    """mse's passes (ops/loss.py) against PyTorch: samples of `sample_rows` rows of f values (padding lanes zero in
+    the output and the targets alike, as the layout keeps them), a batch of 3 in textures of 5 samples."""
+    import torch
+
+    from codegen.ops.loss import mse_grad_kl, mse_value_kl
+
+    rng = np.random.default_rng(f)
+    samples, batch, f4, ring = 5, 3, -(-f // 4), 2
+    y, yv = _packed(samples * sample_rows, 1, f, rng)
+    t, tv = _packed(samples * sample_rows, 1, f, rng)
+    u = {"u_batch": batch, "u_loss_scale": 2.0, "u_ring": ring}
+    features = sample_rows * f
+    out = torch.tensor(yv[:batch * sample_rows].reshape(batch, -1), requires_grad=True)
+    loss = torch.nn.functional.mse_loss(out, torch.tensor(tv[:batch * sample_rows].reshape(batch, -1)))
+    loss.backward()
+    got = _run_js(mse_grad_kl(features), {"Y": y, "T": t}, f4, batch * sample_rows, u).reshape(batch * sample_rows, -1)
+    np.testing.assert_allclose(got[:, :f], out.grad.numpy().reshape(-1, f) * 2.0, rtol=1e-5, atol=1e-7)
+    assert not got[:, f:].any()
+    got = _run_js(mse_value_kl(features, sample_rows, f4), {"Y": y, "T": t}, 8, 1, u)
+    np.testing.assert_allclose(got[0, ring, 0], loss.item(), rtol=1e-5)
+    got[0, ring, 0] = 0
+    assert not got.any()
+
+
+@pytest.mark.parametrize("c, h, w", [(6, 3, 2), (5, 1, 1)])
+def test_samples_last_printed_as_javascript(c, h, w):
+    """samples_last (ops/common.py) against numpy: A (c, h, w) a sample, 6 samples in a texture of 8, a batch of 5
+    (zero past it), the samples as channels: texel (w*nb4 + n4, c*h + h), lane n % 4, holds A[n, c, h, w]; a
+    dense tensor (w = 1) reads channel texels as a w of 0."""
+    from codegen.ops.common import samples_last_kl
+
+    rng = np.random.default_rng(c)
+    samples, batch, nb4, c4 = 8, 5, 2, -(-c // 4)
+    a = rng.standard_normal((samples, c, h, w))
+    tex = np.zeros((samples, h, w, c4 * 4), np.float32)
+    tex[..., :c] = a.transpose(0, 2, 3, 1)
+    tex = tex.reshape(samples * h, w * c4, 4)
+    got = _run_js(samples_last_kl(c4 if w > 1 else 0, h, nb4), {"A": tex}, w * nb4, c * h, {"u_batch": batch})
+    ref = np.zeros((c, h, w, nb4 * 4))
+    ref[..., :batch] = a[:batch].transpose(1, 2, 3, 0)
+    np.testing.assert_array_equal(got, ref.reshape(c * h, w * nb4, 4).astype(np.float32))

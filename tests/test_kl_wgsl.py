@@ -25,9 +25,9 @@ from texelfit.prep.layout import plan_layout
 from texelfit.prep.load import export_simplified
 
 BATCH = 3
-# the per-step uniforms a kernel may read (codegen/kernels.py: UNIFORM_TYPES): a loss scale other than 1, and a
-# training step's dropout (its masks drawn, from a seed with all 31 bits in use)
-UNIFORMS = {"u_batch": BATCH, "u_loss_scale": 4.0, "u_dropout": 1.0, "u_dropseed": 0x6A09E667}
+# the per-step uniforms a kernel may read (codegen/kernels.py: UNIFORM_TYPES): a loss scale other than 1, a
+# training step's dropout (its masks drawn, from a seed with all 31 bits in use), a loss value's texel of the ring
+UNIFORMS = {"u_batch": BATCH, "u_loss_scale": 4.0, "u_dropout": 1.0, "u_dropseed": 0x6A09E667, "u_ring": 5}
 
 
 class Pools(nn.Module):
@@ -122,10 +122,22 @@ class Normed(nn.Module):
         return (a @ y).mean(2)
 
 
+class Classes(nn.Module):
+    """A classifier of 41 classes: cross_entropy's softmax statistics pass (layout.ce_stats), read by its gradient
+    and its value."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(5, 41)
+
+    def forward(self, x):
+        return self.head(x)
+
+
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
           "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (6,), "int64"),
           "resampled": (Resampled, (3, 5, 4), "float32"), "tokened": (Tokened, (5, 7), "float32"),
-          "normed": (Normed, (7, 6), "float32")}
+          "normed": (Normed, (7, 6), "float32"), "classes": (Classes, (5,), "float32")}
 
 
 def kl_passes(name):
@@ -217,9 +229,10 @@ console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 
 # what each model schedules among the kernels written in the kernel language (a family migrated to it joins here)
 EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward", "global_avgpool_grad",
-                      "log_softmax_forward", "maxpool_forward", "maxpool_grad", "conv_grad_bias", "dense_grad_bias"},
+                      "cross_entropy_grad", "cross_entropy_value", "log_softmax_forward", "maxpool_forward", "maxpool_grad", "conv_grad_bias", "dense_grad_bias",
+                      "samples_last"},
             "tokens": {"matmul_forward", "matmul_grad_a", "matmul_grad_weight", "reduce_forward", "reduce_grad",
-                       "softmax_forward", "softmax_grad", "grad_sum"},
+                       "softmax_forward", "softmax_grad", "grad_sum", "mse_grad", "mse_value"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad", "conv_grad_bias",
                        "dense_grad_bias", "dropout"},
             "embedded": {"embedding_forward", "embedding_grad_weight", "matmul_forward", "matmul_grad_weight",
@@ -227,7 +240,8 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
             "resampled": {"resample", "gather", "gather_grad", "conv_grad_bias", "dense_grad_bias"},
             "tokened": {"gather", "gather_grad"},
             "normed": {"layernorm_forward", "layernorm_grad_input", "layernorm_grad_weight", "matmul_forward",
-                       "matmul_grad_a", "matmul_grad_b", "matmul_grad_weight", "rows_sum"}}
+                       "matmul_grad_a", "matmul_grad_b", "matmul_grad_weight", "rows_sum"},
+            "classes": {"cross_entropy_stats", "cross_entropy_grad", "cross_entropy_value"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -242,6 +256,11 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
         out = plan.textures[p.outputs[0]]
         rows, width = out.height, out.width
         data = [(rng.standard_normal((s.height, s.width, 4)) * 2).astype(np.float32) for s in specs]
+        for i, t in enumerate(p.inputs):  # a loss's labels: class ids; its softmax statistics: a sum above 0
+            if t == "labels":
+                data[i][:, :, 0] = rng.integers(0, k.kl.symbols["classes"], data[i].shape[:2])
+            if t == "ce_stats":
+                data[i][:, :, 1] = np.abs(data[i][:, :, 1]) + 0.5
         fields = struct_fields(k.kl, list(names))
         values = {"rows": rows, "width": width, **{f"w_{n}": s.width for n, s in zip(names, specs)},
                   **UNIFORMS, **p.values}

@@ -173,9 +173,31 @@ def samples_last_pass(plan, src: str, dst: str, label: str, blocked=None) -> Pas
     spec = plan.textures[dst]
     ch, h, w = chw(spec.shape[:-1])
     # (c4 only matters with w > 1: dense layers share one program)
-    return Pass(Kernel(f"samples_last {h}x{w}", "samples_last.glsl.j2", ("A",), uniforms=("u_batch",),
-                       consts={"c4": ceil_div(ch, 4) if w > 1 else 0, "h": h, "w": w, "nb4": spec.packing.c4}),
+    k = samples_last_kl(ceil_div(ch, 4) if w > 1 else 0, h, spec.packing.c4)
+    return Pass(Kernel(f"samples_last {h}x{w}", "kl", ("A",), uniforms=("u_batch",), kl=k),
                 [src], [dst], "full", label, blocked=blocked)
+
+
+def samples_last_kl(c4: int, h: int, nb4: int) -> kl.KernelDef:
+    """T = A with the samples as channels (layout.py: samples_last_packing): texel (w*nb4 + n4, c*h + h) holds
+    A[n, c, h, w] of the samples n = 4*n4 .. 4*n4+3, zero past u_batch (and in padded channels, whose lanes of A
+    are zero). A is (C, h, W) a sample, c4 texels a w (a dense tensor is (F, 1, 1), and w is always 0). For the
+    weight gradients: dZ of a dense, X of a conv."""
+    k = kl.KernelDef()
+    c4, h, nb4 = k.syms(c4=c4, h=h, nb4=nb4)
+    ch = k.let("ch", kl.ROW // h)
+    w = k.let("w", kl.COL // nb4)
+    n = k.let("n", 4 * (kl.COL - w * nb4))
+    ci = k.let("ci", ch // 4)
+    pick = k.let("pick", ch - 4 * ci)  # channel ch's lane of its texel
+    at, row = k.let("at", w * c4 + ci), k.let("at_row", n * h + kl.ROW - ch * h)
+    last = k.let("last", kl.uniform("u_batch", "int") - n)
+    t = k.let("t", kl.splat(0.0))
+    with k.loop("i", 4) as i:  # (a constant count: the GLSL compiler unrolls it, as the template was written)
+        with k.when(i < last):  # the samples n .. n + 3 in the batch
+            k.set_lane(t, i, kl.lane(kl.load("A", row + i * h, at), pick))
+    k.out(t)
+    return k
 
 
 def _activation_only(c: dict) -> dict:
