@@ -15,6 +15,7 @@ import hashlib
 
 from texelfit.prep.elementwise import E, abs_, erf_expansion, exp, sign
 
+from . import kl
 from .kernels import glsl_float
 
 
@@ -97,3 +98,56 @@ def functions(f, ds, arity: int) -> dict:
     fn = hashlib.sha256("\n".join([args, js_f] + js_d).encode()).hexdigest()[:10]
     return {"fn": fn, "js_args": args, "js_f": js_f, "js_d": js_d,
             "glsl_f": glsl(f), "glsl_d": [glsl(d) for d in ds]}
+
+
+# ---- the kernel language (codegen/kl.py): an expression as X nodes over the operands' values ----
+
+KL_REWRITES = {"erf": erf_expansion, "tanh": _tanh_expansion}  # primitives no target of the language has alike
+
+
+def _kl_pow(base, n: float):
+    if n == int(n) and abs(n) <= 4:  # GLSL's pow is undefined for a negative base: multiply
+        prod = 1.0
+        for _ in range(int(abs(n))):
+            prod = base if isinstance(prod, float) else prod * base
+        return 1.0 / prod if n < 0 else prod
+    if n == int(n):  # |x|^n with the sign of x^n
+        p = kl.pow_(kl.abs_(base), n)
+        return p * kl.sign(base) if int(n) % 2 else p
+    return kl.pow_(base, n)
+
+
+def to_kl(e: E, args: list, y=None):
+    """Expression e (prep/elementwise.py) as a kernel-language value (codegen/kl.py): operand i is args[i] (a vec4
+    value), the output `y`. What it prints does what the GLSL table above prints: the same operations on vec4s.
+    A constant comes out as a float (kl.splat it where a vec4 is wanted)."""
+
+    def walk(e: E):
+        if e.op in KL_REWRITES:
+            return walk(KL_REWRITES[e.op](*e.args))
+        if e.op == "arg":
+            return args[e.value]
+        if e.op == "out":
+            assert y is not None, "to_kl: the expression reads the output"
+            return y
+        if e.op == "const":
+            return kl.lift(float(e.value))
+        if e.op == "pow":
+            return _kl_pow(walk(e.args[0]), e.args[1].value)
+        a = [walk(x) for x in e.args]
+        if e.op == "sigmoid":
+            return 1.0 / (1.0 + kl.exp(-a[0]))
+        if e.op == "where":  # a bvec4 condition selects lane by lane between vec4s
+            cond, p, q = a
+            if cond.type == "bvec4" and p.type != "vec4" and q.type != "vec4":
+                p = kl.splat(p)
+            return kl.select(cond, p, q)
+        return _KL[e.op](*a)
+
+    return walk(e)
+
+
+_KL = {"add": lambda p, q: p + q, "sub": lambda p, q: p - q, "mul": lambda p, q: p * q, "div": lambda p, q: p / q,
+       "neg": lambda p: -p, "exp": kl.exp, "log": kl.log, "sqrt": kl.sqrt, "abs": kl.abs_, "sign": kl.sign,
+       "max": kl.maximum, "min": kl.minimum,
+       "gt": lambda p, q: p > q, "lt": lambda p, q: p < q, "ge": lambda p, q: p >= q, "le": lambda p, q: p <= q}

@@ -16,7 +16,8 @@ Expressions are trees of `X` nodes: constants (Python ints and floats lift to in
 (`k.sym(name, value)`: a literal in GLSL, read from the kernel's constants in JavaScript), `ROW`, `COL`,
 `uniform(name)`, `load(tensor, row, col)` (a vec4), `lane(v, i)`, `splat(f)`, `vec4_of(a, b, c, d)`, `to_float(i)`, `to_int(f)`, arithmetic (a vec4
 with a float broadcasts), exp, log, sqrt, abs, maximum, minimum, comparisons (`a.eq(b)`, `a.ne(b)` for == and !=), & and | of bools,
-`select(cond, a, b)`, `dot`, `hmax`, `hsum`, constant arrays (`t = k.table(name, values)`, read as `t[i]`), uints
+`select(cond, a, b)`, `dot`, `hmax`, `hsum`, constant arrays (`t = k.table(name, values)`, read as `t[i]`: values
+ints, floats, or 4-tuples read as vec4s), sign, pow_ (what prep/elementwise.py's expressions need), uints
 (`u32(v)`, `to_uint(i)`: + and * wrap, ^, >>), and
 `valid(cols, j)`: 1.0 in each lane of channel texel j that holds one of `cols` channels, 0.0 in padding lanes
 (`is_valid(cols, j)`: the same as a condition).
@@ -187,7 +188,13 @@ def _unary(op):
     return f
 
 
-exp, log, sqrt, abs_ = (_unary(k) for k in ("exp", "log", "sqrt", "abs"))
+exp, log, sqrt, abs_, sign = (_unary(k) for k in ("exp", "log", "sqrt", "abs", "sign"))
+
+
+def pow_(a, b) -> X:
+    """a to the power b (a float or vec4 each; a negative a with a non-integer b is undefined, as in GLSL)."""
+    a, b = lift(a), lift(b)
+    return X("pow", (a, b), type=_arith_type("pow", a, b))
 
 
 def maximum(a, b) -> X:
@@ -239,11 +246,12 @@ def var(name: str, type_: str) -> X:
 
 
 class Table:
-    """A kernel's constant array of ints or floats (KernelDef.table), read at an int index: t[i]."""
+    """A kernel's constant array of ints, floats or vec4s (KernelDef.table), read at an int index: t[i]."""
 
     def __init__(self, name: str, values: tuple):
         self.name, self.values = name, values
-        self.type = "int" if all(isinstance(v, int) for v in values) else "float"
+        self.type = ("vec4" if all(isinstance(v, tuple) for v in values)
+                     else "int" if all(isinstance(v, int) for v in values) else "float")
 
     def __getitem__(self, i) -> X:
         i = lift(i)
@@ -301,10 +309,14 @@ class KernelDef:
     def table(self, name: str, values) -> Table:
         """A constant array: baked into the GLSL and WGSL as a constant array; the JavaScript function reads it from
         the kernel's constants (c[name]), as a shape constant."""
-        values = tuple(v if isinstance(v, int) else float(v) for v in values)
-        if not name.isidentifier() or not values or self.symbols.get(name, list(values)) != list(values):
+        values = tuple(tuple(float(x) for x in v) if isinstance(v, (tuple, list)) else v if isinstance(v, int)
+                       else float(v) for v in values)
+        if any(isinstance(v, tuple) and len(v) != 4 for v in values):
+            raise ValueError(f"kl: table {name!r} of vec4s holds 4 lanes a value")
+        plain = [list(v) if isinstance(v, tuple) else v for v in values]
+        if not name.isidentifier() or not values or self.symbols.get(name, plain) != plain:
             raise ValueError(f"kl: table {name!r}")
-        self.symbols[name] = list(values)
+        self.symbols[name] = plain
         return Table(name, values)
 
     def syms(self, **values) -> list[X]:

@@ -87,8 +87,12 @@ def _glsl(e: X) -> str:
         return f"int({a[0]})"
     if op in _LOGIC or op in _ARITH or op in _BITS or op == "neg":
         return _infix(op, a)
-    if op in ("exp", "log", "sqrt", "abs", "max", "min", "dot"):
+    if op in ("exp", "log", "sqrt", "abs", "sign", "max", "min", "dot"):
         return f"{op}({', '.join(a)})"
+    if op == "pow":  # pow(vec4, vec4) or pow(float, float)
+        if e.type == "vec4":
+            a = [_vec(x, t) for x, t in zip(e.args, a)]
+        return f"pow({a[0]}, {a[1]})"
     if op == "hmax":
         return f"_hmax({a[0]})"
     if op == "hsum":
@@ -115,6 +119,13 @@ def _vec(e: X, text: str) -> str:
     return text if e.type == "vec4" else f"vec4({text})"
 
 
+def _glsl_value(type_: str, v) -> str:
+    """A constant array's value: an int, a float, or a vec4 (4 floats)."""
+    if type_ == "vec4":
+        return f"vec4({', '.join(glsl_float(x) for x in v)})"
+    return str(v) if type_ == "int" else glsl_float(v)
+
+
 def glsl(k, value: bool = False) -> str:
     """The body of main(); with `value`, the function vec4 valueAt(ivec2 _p) returning the texel out0 would be:
     how an optimizer includes its parameter's gradient kernel (ops/optim.py; kernels/sgd.glsl.j2)."""
@@ -123,7 +134,7 @@ def glsl(k, value: bool = False) -> str:
         "float _hmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }",
         lambda n, last, mask: f"vec4 _valid{n}(int j) {{ return j < {last} ? vec4(1.0) : vec4({mask}); }}",
         lambda name, type_, values: (f"const {type_} _t{name}[{len(values)}] = {type_}[{len(values)}]("
-                                     + ", ".join(str(v) if type_ == "int" else glsl_float(v) for v in values) + ");"))
+                                     + ", ".join(_glsl_value(type_, v) for v in values) + ");"))
     lines = c_like_block(k.body, 1, _glsl, need, {
         "for": lambda i, start, stop: f"for (int {i} = {start}; {i} < {stop}; {i}++) {{",
         "let": lambda name, type_, e: f"{_GLSL_TYPE[type_]} {name} = {e};",
@@ -188,7 +199,7 @@ def c_like_block(body, indent: int, expr, need, form: dict) -> list[str]:
 # ---- JavaScript: a vec4 is a Float64Array(4) allocated once a call; a vec4 statement is a loop over its lanes ----
 
 _JS_FN = {"exp": "Math.exp", "log": "Math.log", "sqrt": "Math.sqrt", "abs": "Math.abs", "max": "Math.max",
-          "min": "Math.min"}
+          "min": "Math.min", "sign": "Math.sign", "pow": "Math.pow"}
 _JS_CMP = {"lt": "<", "gt": ">", "le": "<=", "ge": ">=", "eq": "===", "ne": "!==", "and": "&&", "or": "||"}
 _VEC = ("vec4", "bvec4")
 
@@ -303,6 +314,9 @@ class _JS:
             return f"{e.value}.data[{t} + l]"
         if op == "splat":
             return self.lanewise(e.args[0])
+        if op == "at":  # a constant array of vec4s (KernelDef.table): its values are lists of 4
+            self.symbols.add(e.value[0])
+            return f"c.{e.value[0]}[{self.lanewise(e.args[0])}][l]"
         if op == "vec4_of":
             return f"{self.vec(e)}[l]"
         if op in ("valid", "isvalid"):  # lane l of texel j holds channel 4 j + l

@@ -99,8 +99,12 @@ def _w(e: X) -> str:
         return f"({_vec(e.args[0], a[0])} {_INFIX[op]} {_vec(e.args[1], a[1])})"
     if op in _INFIX:
         return f"({a[0]} {_INFIX[op]} {a[1]})"
-    if op in ("exp", "log", "sqrt", "abs", "dot"):
+    if op in ("exp", "log", "sqrt", "abs", "sign", "dot"):
         return f"{op}({', '.join(a)})"
+    if op == "pow":  # WGSL's takes two of one type
+        if e.type == "vec4":
+            a = [_vec(x, t) for x, t in zip(e.args, a)]
+        return f"pow({a[0]}, {a[1]})"
     if op == "hmax":
         return f"_hmax({a[0]})"
     if op == "hsum":
@@ -153,7 +157,9 @@ def wgsl(k, inputs: list[str], outputs: int) -> str:
                                f"j < {last}); }}"),
         lambda name, type_, values: (f"var<private> _t{name}: array<{_TYPE[type_]}, {len(values)}> = "
                                      f"array<{_TYPE[type_]}, {len(values)}>("
-                                     + ", ".join(str(v) if type_ == "int" else _float(v) for v in values) + ");"))
+                                     + ", ".join(str(v) if type_ == "int" else _float(v) if type_ == "float"
+                                                 else f"vec4<f32>({', '.join(_float(x) for x in v)})" for v in values)
+                                     + ");"))
     v = _name
     lines = c_like_block(k.body, 1, _w, need, {
         "for": lambda i, start, stop: f"for (var {v(i)}: i32 = {start}; {v(i)} < {stop}; {v(i)}++) {{",

@@ -8,6 +8,7 @@ whose channel count leaves padding lanes.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 
 import numpy as np
@@ -320,3 +321,38 @@ def test_samples_last_printed_as_javascript(c, h, w):
     ref = np.zeros((c, h, w, nb4 * 4))
     ref[..., :batch] = a[:batch].transpose(1, 2, 3, 0)
     np.testing.assert_array_equal(got, ref.reshape(c * h, w * nb4, 4).astype(np.float32))
+
+
+@pytest.mark.parametrize("op, attrs, ref", [
+    ("erf", {}, lambda a, b: np.vectorize(math.erf)(a)),
+    ("tanh", {}, lambda a, b: np.tanh(a)),
+    ("pow", {"exponent": 3.0}, lambda a, b: a ** 3),
+    ("pow", {"exponent": 0.5}, lambda a, b: np.abs(a) ** 0.5),
+    ("hardswish", {}, lambda a, b: a * np.clip(a + 3, 0, 6) / 6),
+    ("prelu", {}, lambda a, b: np.where(a > 0, a, a * b)),
+    ("div", {}, lambda a, b: a / b),
+])
+def test_elementwise_expressions_in_the_language(op, attrs, ref):
+    """codegen/expr.py to_kl: an op's declared expression (prep/elementwise.py) over kernel-language values, printed as
+    JavaScript, against numpy; the second operand one channel broadcast over the lanes (a splat of its lane 0),
+    as the elementwise kernels read it (ops/elementwise.py)."""
+    from codegen.expr import to_kl
+    from texelfit.prep.elementwise import forward_of
+
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((2, 3, 4)) * 2).astype(np.float32)
+    if op == "pow" and attrs["exponent"] == 0.5:
+        a = np.abs(a)
+    b = (rng.standard_normal((2, 1, 4)) + 3).astype(np.float32)  # away from 0: a divisor
+    k = kl.KernelDef()
+    x0 = k.let("x0", load("A", ROW, COL))
+    x1 = k.let("x1", kl.splat(kl.lane(load("B", ROW, 0), 0)))
+    y = to_kl(forward_of(op, attrs), [x0, x1][:2 if op in ("prelu", "div") else 1])
+    k.out(y if y.type == "vec4" else kl.splat(y))
+    got = _run_js(k, {"A": a, "B": b}, 3, 2)
+    want = ref(a.astype(np.float64), b[:, :, :1].astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=2e-7)  # erf: Abramowitz and Stegun, |error| <= 1.5e-7
+    src = glsl(k)
+    assert "x1 = vec4(getB(_p.y, 0)[0]);" in src, src
+    if op == "erf":
+        assert "erf" not in src and "sign(x0)" in src  # the expansion (expr.py: KL_REWRITES)

@@ -13,6 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from conftest import CHROMIUM, CHROMIUM_ARGS
@@ -20,6 +21,7 @@ from texelfit.codegen.kl_print import js
 from texelfit.codegen.kl_wgsl import dispatch, struct_fields, wgsl
 from texelfit.codegen.schedule import build_schedule
 from texelfit.prep.fold import fold_batchnorm
+from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
 from texelfit.prep.layout import plan_layout
 from texelfit.prep.load import export_simplified
@@ -134,10 +136,33 @@ class Classes(nn.Module):
         return self.head(x)
 
 
+class Elementwise(nn.Module):
+    """Elementwise ops (prep/elementwise.py): a fused ReLU's gradient pass (activation_grad), a PReLU (its slope a
+    parameter per channel), GELU (erf) and tanh on their own, a parameter per channel, a constant broadcast over the
+    channels and columns, an odd power, and an activation broadcast over another's channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.act = nn.PReLU(6)
+        self.conv2 = nn.Conv2d(6, 6, 1)
+        self.scale = nn.Parameter(torch.randn(6, 1, 1))
+        self.register_buffer("shift", torch.randn(1, 5, 1))
+        self.gate = nn.Conv2d(6, 1, 1)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x):  # (3, 5, 4)
+        y = torch.relu(self.conv(x))
+        z = torch.tanh(F.gelu(self.act(self.conv2(y)))) * self.scale + self.shift
+        z = torch.pow(z, 3) - torch.sigmoid(z) * self.gate(y)
+        return self.head(z.mean((2, 3)))
+
+
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
           "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (6,), "int64"),
           "resampled": (Resampled, (3, 5, 4), "float32"), "tokened": (Tokened, (5, 7), "float32"),
-          "normed": (Normed, (7, 6), "float32"), "classes": (Classes, (5,), "float32")}
+          "normed": (Normed, (7, 6), "float32"), "classes": (Classes, (5,), "float32"),
+          "elementwise": (Elementwise, (3, 5, 4), "float32")}
 
 
 def kl_passes(name):
@@ -145,7 +170,7 @@ def kl_passes(name):
     losses schedule, with the layout plan."""
     factory, shape, dtype = MODELS[name]
     torch.manual_seed(0)
-    graph = fold_batchnorm(to_ir(export_simplified(factory(), shape, input_dtype=dtype), shape, dtype))
+    graph = fuse_activations(fold_batchnorm(to_ir(export_simplified(factory(), shape, input_dtype=dtype), shape, dtype)))
     plan = plan_layout(graph, BATCH)
     s = build_schedule(graph, plan)
     seen, out = set(), []
@@ -241,7 +266,8 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
             "tokened": {"gather", "gather_grad"},
             "normed": {"layernorm_forward", "layernorm_grad_input", "layernorm_grad_weight", "matmul_forward",
                        "matmul_grad_a", "matmul_grad_b", "matmul_grad_weight", "rows_sum"},
-            "classes": {"cross_entropy_stats", "cross_entropy_grad", "cross_entropy_value"}}
+            "classes": {"cross_entropy_stats", "cross_entropy_grad", "cross_entropy_value"},
+            "elementwise": {"elementwise_forward", "elementwise_grad", "activation_grad"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

@@ -9,7 +9,7 @@ from texelfit.prep.layout import (COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, SAM
 from texelfit.prep.elementwise import UNARY, X, const, derivatives_of, forward_of
 
 from .. import kl
-from ..expr import functions
+from ..expr import functions, to_kl
 from ..kernels import Kernel, Pass
 
 
@@ -131,8 +131,7 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
         # read only dZ, the gradient before the activation. Where Y's one consumer is a dense layer, its
         # grad_input writes dz:Y itself (layout.py: act_grad_fused).
         if y not in plan.act_grad_fused:
-            backward.append(Pass(Kernel(f"activation_grad {c['act']}", "activation_grad.glsl.j2", ("DY", "Y"),
-                                        consts=_activation_only(c)),
+            backward.append(Pass(activation_grad(c["act"], layer.attrs.get("act_attrs", {})),
                                  [dz, plan.tensor(y)], ["dz:" + y], "batch", layer.name))
         dz, c = "dz:" + y, dict(c, **fused_activation("none", {}))  # the kernels below apply no activation
     # grad_weight sums over the samples: it reads the factor that the weight's texel does not pack
@@ -200,8 +199,13 @@ def samples_last_kl(c4: int, h: int, nb4: int) -> kl.KernelDef:
     return k
 
 
-def _activation_only(c: dict) -> dict:
-    return {k: c[k] for k in ("act", "fn", "js_args", "js_f", "js_d", "glsl_f", "glsl_d")}
+def activation_grad(act: str, attrs: dict) -> Kernel:
+    """The kernel dZ = dY * act'(Y) of a layer's fused activation `act` (dense, conv, conv_transpose), its
+    derivative written in the output Y = act(Z): inputs DY, Y."""
+    k = kl.KernelDef()
+    d = to_kl(derivatives_of(act, attrs)[0], [], k.let("y", kl.load("Y", kl.ROW, kl.COL)))
+    k.out(kl.load("DY", kl.ROW, kl.COL) * (d if d.type == "vec4" else kl.splat(d)))
+    return Kernel(f"activation_grad {act}", "kl", ("DY", "Y"), kl=k)
 
 
 def param_grad(plan, layer, role: str) -> str:

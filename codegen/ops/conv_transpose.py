@@ -20,7 +20,7 @@ from __future__ import annotations
 from texelfit.prep.layout import ceil_div
 
 from ..kernels import Kernel, Pass
-from .common import fused_activation, grad_target, lanes, samples_last_pass
+from .common import activation_grad, fused_activation, grad_target, lanes, samples_last_pass
 from .conv import grad_bias
 
 
@@ -65,8 +65,7 @@ def backward(layer, graph, plan):
     act = layer.attrs.get("act", "none")
     if act != "none":
         if y not in plan.act_grad_fused:
-            k = Kernel(f"activation_grad {act}", "activation_grad.glsl.j2", ("DY", "Y"),
-                       consts=fused_activation(act, layer.attrs.get("act_attrs", {})))
+            k = activation_grad(act, layer.attrs.get("act_attrs", {}))
             out.append(Pass(k, [dz, plan.tensor(y)], ["dz:" + y], "batch", layer.name))
         dz = "dz:" + y
     weight = layer.params["weight"]

@@ -13,9 +13,9 @@ axes are the output's or 1; the kernels read operand i at output position (n, h,
 dY * d_j over the axes it was broadcast along (the batch too, for a parameter), inside the fragment
 that writes its texel.
 
-The expressions come from the declarations, rendered per language by codegen/expr.py: GLSL into the
-kernel's source (`glsl_*` constants, not shipped as JSON), JavaScript into the bundle's ELEMENTWISE
-table, keyed by `fn` (the CPU backend's twins call ELEMENTWISE[fn].f and .d[j]).
+Both kernels are written in the kernel language (codegen/kl.py), the expressions of the declarations turned into
+its values by codegen/expr.py (to_kl): the GLSL, the CPU backend's function and the WGSL are printed from them.
+A constant operand is a constant array of vec4s (one texel a value).
 """
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ from texelfit.prep.elementwise import derivatives_of, forward_of, leaves
 from texelfit.prep.ir import operands
 from texelfit.prep.layout import ceil_div, chw, shares_gradient
 
-from ..expr import functions
+from .. import kl
+from ..expr import to_kl
 from ..kernels import Kernel, Pass
-from .common import grad_target, lanes
+from ..kl import COL, ROW, hsum, is_valid, lane, load, select, splat, uniform
+from .common import grad_target
 
 
 def _operand(o: dict, i: int, out: tuple[int, int, int]) -> dict:
@@ -53,9 +55,75 @@ def _consts(layer, graph):
     y = layer.outputs[0]
     out = chw(graph.shapes[y])
     ops = [_operand(o, i, out) for i, o in enumerate(operands(layer, graph))]
-    f, ds = forward_of(layer.op, layer.attrs), derivatives_of(layer.op, layer.attrs)
-    return dict(lanes(out[0]), c=out[0], h=out[1], w=out[2], c4=ceil_div(out[0], 4), operands=ops,
-                **functions(f, ds, len(ops)))
+    return dict(c=out[0], h=out[1], w=out[2], c4=ceil_div(out[0], 4), operands=ops)
+
+
+def _read(k: kl.KernelDef, c: dict, n, hh, ww, cc) -> list:
+    """The operands at output sample n, row hh, column ww, channel texel cc (prep/ir.py: broadcast), as variables
+    x0, x1, ...: each read where its broadcast puts it (an axis of size 1 at 0; a single channel splat over the
+    lanes); a constant from its array of texels, texel (h * W + w) * C4 + c4 of its (C, H, W)."""
+    xs = []
+    for i, o in enumerate(c["operands"]):
+        oh, ow, oc4 = k.syms(**{f"h{i}": o["h"], f"w{i}": o["w"], f"c4_{i}": o["c4"]})
+        r_h, r_w, r_c = (0 if o["bh"] else hh), (0 if o["bw"] else ww), (0 if o["bc"] else cc)
+        if o["kind"] == "const":
+            v = k.table(o["name"], [tuple(t) for t in o["texels"]])[(r_h * ow + r_w) * oc4 + r_c]
+        else:
+            v = load(o["name"], (n if o["batched"] else 0) * oh + r_h, r_w * oc4 + r_c)
+        xs.append(k.let(f"x{i}", splat(lane(v, 0)) if o["bc"] else v))
+    return xs
+
+
+def _vec4(v):
+    return v if v.type == "vec4" else splat(v)
+
+
+def _forward_kl(layer, c: dict) -> kl.KernelDef:
+    """Y = f(x0, x1, ...) at each output texel; padding lanes stay zero (a select: f may be infinite there, log(0)
+    say)."""
+    k = kl.KernelDef()
+    ch, h, c4 = k.syms(c=c["c"], h=c["h"], c4=c["c4"])
+    n = k.let("n", ROW // h)
+    hh = k.let("hh", ROW - n * h)
+    ww = k.let("ww", COL // c4)
+    cc = k.let("cc", COL - ww * c4)
+    xs = _read(k, c, n, hh, ww, cc)
+    k.out(select(is_valid(ch, cc), _vec4(to_kl(forward_of(layer.op, layer.attrs), xs)), 0.0))
+    return k
+
+
+def _grad_kl(layer, c: dict, j: int, reads_y: bool, param: bool) -> kl.KernelDef:
+    """d operand j = the sum over its broadcast axes of dY * d_j: its texel (sample tn, row th, column tw, channel
+    texel tc) sums over the output positions it was read at, which run over the axes where it is 1 and the output
+    is not (and over the batch, for a parameter)."""
+    t = c["operands"][j]
+    k = kl.KernelDef()
+    ch, h, w, c4 = k.syms(c=c["c"], h=c["h"], w=c["w"], c4=c["c4"])
+    tch, th_, tc4 = k.syms(t_c=t["c"], t_h=t["h"], t_c4=t["c4"])
+    tn = k.let("tn", ROW // th_)
+    th = k.let("th", ROW - tn * th_)
+    tw = k.let("tw", COL // tc4)
+    tc = k.let("tc", COL - tw * tc4)
+    acc = k.let("acc", splat(0.0))
+    n_range = (tn + 1, tn) if t["batched"] else (uniform("u_batch", "int"), 0)
+    with k.loop("n", *n_range) as n, \
+            k.loop("hh", *((h, 0) if t["bh"] else (th + 1, th))) as hh, \
+            k.loop("ww", *((w, 0) if t["bw"] else (tw + 1, tw))) as ww, \
+            k.loop("cc", *((c4, 0) if t["bc"] else (tc + 1, tc))) as cc:
+        dy = k.let("dy", load("DY", n * h + hh, ww * c4 + cc))
+        y = k.let("y", load("Y", n * h + hh, ww * c4 + cc)) if reads_y else None
+        xs = _read(k, c, n, hh, ww, cc)
+        d = to_kl(derivatives_of(layer.op, layer.attrs)[j], xs, y)
+        # padding lanes give nothing (a select: the derivative may be infinite there)
+        g = k.let("g", select(is_valid(ch, cc), dy * d, 0.0))
+        if t["bc"]:
+            k.set_lane(acc, 0, lane(acc, 0) + hsum(g))
+        else:
+            k.set(acc, acc + g)
+    if not t["bc"]:
+        k.set(acc, select(is_valid(tch, tc), acc, 0.0))
+    k.out(acc / uniform("u_loss_scale", "float") if param else acc)  # a parameter's gradient came scaled
+    return k
 
 
 def _title(layer, c, what):
@@ -80,7 +148,7 @@ def _samplers(layer, graph, plan, c) -> tuple[list[str], list[str]]:
 def forward(layer, graph, plan):
     c = _consts(layer, graph)
     names, textures = _samplers(layer, graph, plan, c)
-    k = Kernel(_title(layer, c, "elementwise_forward"), "elementwise_forward.glsl.j2", tuple(names), consts=c)
+    k = Kernel(_title(layer, c, "elementwise_forward"), "kl", tuple(names), kl=_forward_kl(layer, c))
     return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
 
 
@@ -105,8 +173,8 @@ def backward(layer, graph, plan):
         reads_y = "out" in leaves(derivatives_of(layer.op, layer.attrs)[j])
         inputs = ("DY",) + tuple(names) + (("Y",) if reads_y else ())
         uniforms = ("u_batch",) + (("u_loss_scale",) if spec["kind"] == "param" else ())
-        k = Kernel(_title(layer, c, f"elementwise_grad d{j}"), "elementwise_grad.glsl.j2", inputs, uniforms=uniforms,
-                   consts=dict(c, j=j, target=c["operands"][j], reads_y=reads_y, param=spec["kind"] == "param"))
+        k = Kernel(_title(layer, c, f"elementwise_grad d{j}"), "kl", inputs, uniforms=uniforms,
+                   kl=_grad_kl(layer, c, j, reads_y, spec["kind"] == "param"))
         passes.append(Pass(k, [plan.grad(y)] + textures + ([plan.tensor(y)] if reads_y else []), [target], rows,
                            layer.name))
     return passes
