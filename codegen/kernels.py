@@ -47,11 +47,19 @@ class Kernel:
     uniforms: tuple[str, ...] = ()
     consts: dict = field(default_factory=dict, hash=False, compare=False)
     # a kernel written in the kernel language (codegen/kl.py: a KernelDef): its GLSL and its CPU function are
-    # printed from it (codegen/kl_print.py; `template` is then "kl"), where the others fill a template
+    # printed from it (codegen/kl_print.py; `template` is then "kl"), where the others fill a template.
+    # A WebGL2 *routine* has both: `template` is a hand-written GLSL kernel tuned for that target (sample-blocked,
+    # split-K, column-blocked), which WebGL2 runs; `kl` is the generic kernel of the same op, printed for every
+    # other target (the CPU function, WGSL) and tested against the routine on the same inputs (Kernel.routine)
     kl: object = field(default=None, hash=False, compare=False)
     # an optimizer's (ops/optim.py): the gradient kernel it includes, where that is written in the kernel language;
     # its GLSL is printed as the function valueAt (kl_print.glsl(value=True)), its CPU function called by the twin
     gradient: Kernel | None = field(default=None, hash=False, compare=False)
+
+    @property
+    def routine(self) -> bool:
+        """A hand-written WebGL2 routine standing beside its generic kernel `kl` (see `kl`)."""
+        return self.kl is not None and self.template != "kl"
 
     def __post_init__(self):
         unknown = [u for u in self.uniforms if u not in UNIFORM_TYPES]
@@ -101,12 +109,12 @@ def render_kernel(kernel: Kernel) -> str:
     env = _env()
     ctx = dict(kernel.consts, kernel=kernel, inputs=kernel.inputs,
                uniforms=[(UNIFORM_TYPES[u], u) for u in kernel.uniforms], outputs=range(kernel.outputs))
-    if kernel.kl is not None:
+    if kernel.kl is not None and not kernel.routine:
         from .kl_print import glsl
 
         body = glsl(kernel.kl)
     else:
-        if kernel.gradient is not None:
+        if kernel.gradient is not None and not kernel.gradient.routine:  # (a routine's template is included)
             from .kl_print import glsl
 
             ctx["gradient_glsl"] = glsl(kernel.gradient.kl, value=True)

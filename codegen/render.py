@@ -156,7 +156,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "kernels_json": _js_json(kernels),
         "elementwise": elementwise,
         # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
-        "cpu_kernels": sorted({k["template"] for k in kernels} - {"kl"}),
+        "cpu_kernels": sorted({k["template"] for k in kernels if "cpu" not in k} - {"kl"}),
         "has_dropout": bool(model.get("dropout")),  # dropout layers: bundle.js.j2 adds dropout.js (each step's masks)
         # the CPU functions of the kernels written in the kernel language (codegen/kl_print.py)
         "cpu_generated": generated,

@@ -144,13 +144,16 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                       "outputs": k.outputs, "uniforms": list(k.uniforms),
                       "template": k.template.removesuffix(".glsl.j2"), "consts": _json_consts(k.consts)}
             if k.kl is not None:  # its shape constants are the function's consts (one function a structure)
-                fn = js(k.kl, list(k.inputs), k.outputs)
+                fn = js(k.kl, list(k.inputs), len(k.kl.written) if k.routine else k.outputs)
                 record["cpu"] = source_id(fn)[:10]
                 record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
+                # a routine's sample blocking (layout.py): the CPU computes the generic kernel, then deals it out
+                record["consts"].update({n: k.consts[n] for n in _LAID_OUT if n in k.consts and k.routine})
                 generated[record["cpu"]] = fn
             if k.gradient is not None:  # an optimizer's gradient (ops/optim.py): its function, called with its consts
-                g = k.gradient
-                assert not set(g.kl.symbols) & set(k.consts), (k.name, g.kl.symbols)
+                g = k.gradient  # (a routine's template constants are the optimizer's too: the same values)
+                assert all(k.consts[n] == v for n, v in g.kl.symbols.items() if n in k.consts and g.routine), k.name
+                assert g.routine or not set(g.kl.symbols) & set(k.consts), (k.name, g.kl.symbols)
                 fn = js(g.kl, list(g.inputs), g.outputs)
                 record["consts"]["gradient_cpu"] = source_id(fn)[:10]
                 record["consts"].update({n: v for n, v in sorted(g.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)})
@@ -176,6 +179,11 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
     }
     return kernels, data, sorted(functions.values(), key=lambda f: f["id"]), \
         [{"id": i, "fn": f} for i, f in sorted(generated.items())]
+
+
+# the constants of a routine's blocked output (runtime/cpu.js.j2: cpuBlocked, cpuColumns), kept beside its generic
+# kernel's symbols for the CPU
+_LAID_OUT = ("blocked", "block", "colblock", "halves", "colin")
 
 
 def _json_consts(consts: dict) -> dict:
