@@ -154,7 +154,7 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                 g = k.gradient  # (a routine's template constants are the optimizer's too: the same values)
                 assert all(k.consts[n] == v for n, v in g.kl.symbols.items() if n in k.consts and g.routine), k.name
                 assert g.routine or not set(g.kl.symbols) & set(k.consts), (k.name, g.kl.symbols)
-                fn = js(g.kl, list(g.inputs), g.outputs)
+                fn = js(g.kl, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
                 record["consts"]["gradient_cpu"] = source_id(fn)[:10]
                 record["consts"].update({n: v for n, v in sorted(g.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)})
                 generated[record["consts"]["gradient_cpu"]] = fn

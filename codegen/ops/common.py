@@ -42,7 +42,8 @@ def grad_target(plan, layer, slot: int):
     return plan.grad_targets[(layer.name, slot)]
 
 
-def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic: tuple[str, ...] = ()):
+def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic: tuple[str, ...] = (),
+                    generic_kl=None):
     """Forward and backward passes of a layer with a weight, a bias and a fused activation
     (dense and conv): {family}_forward, {family}_grad_weight, _grad_bias and _grad_input, with
     the kernel constants `c` and `title(c, what)` naming each kernel. The kernels in `generic`
@@ -50,7 +51,9 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
     one program serves every layer (programs are shared by source, codegen/schedule.py), which
     saves a shader compile per layer at the first step. A sample-blocked layer's passes have a
     blocked twin for larger batches (blockable below). `grad_bias(c)`: the family's bias gradient kernel (written in
-    the kernel language)."""
+    the kernel language). `generic_kl(what, consts)`: the generic kernel (a kl.KernelDef, or None) of the kernel
+    `what` with the constants `consts`, which the hand template stands beside as its WebGL2 routine
+    (Kernel.routine): the CPU backend and WGSL print it."""
     x, y = layer.inputs[0], layer.outputs[0]
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
@@ -58,11 +61,10 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
     def kernel(what, inputs, uniforms=(), outputs=1, **more):
         blocked = " blocked" if more.get("blocked") else " split" if more.get("split") else \
             (" columns, read as columns" if more.get("colin") else " columns") if more.get("colblock") else ""
-        if what in generic:
-            return Kernel(f"{family}_{what}{blocked}", f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
-                          consts=more)
-        return Kernel(title(c, f"{family}_{what}") + blocked, f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
-                      consts=dict(c, **more))
+        consts = more if what in generic else dict(c, **more)
+        name = f"{family}_{what}{blocked}" if what in generic else title(c, f"{family}_{what}") + blocked
+        return Kernel(name, f"{family}_{what}.glsl.j2", inputs, outputs, uniforms, consts=consts,
+                      kl=generic_kl(what, consts) if generic_kl else None)
 
     def blockable(what, names, uniforms, inputs, output, rows, blocked_reads=None):
         """The pass writing `output` (its batch rows, or all of a weight gradient). With blk0..7:output
@@ -78,7 +80,7 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
         names, inputs = blocked_reads or (names, inputs)
         parts = [f"blk{t}:{output}" for t in range(SAMPLE_BLOCK)]
         interleave = Kernel("interleave", "interleave.glsl.j2", tuple(f"T{t}" for t in range(SAMPLE_BLOCK)),
-                            uniforms=("u_rows",), consts={"block": SAMPLE_BLOCK})
+                            uniforms=("u_rows",), consts={"block": SAMPLE_BLOCK}, kl=interleave_kl(SAMPLE_BLOCK))
         return [plain,
                 Pass(kernel(what, names, tuple(dict.fromkeys(uniforms + ("u_batch",))), SAMPLE_BLOCK, blocked=True,
                             block=SAMPLE_BLOCK),
@@ -164,6 +166,25 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
     elif target:
         backward += blockable("grad_input", ("DZ", "W"), (), [dz, w], target, "batch")
     return forward, backward
+
+
+def interleave_kl(block: int) -> kl.KernelDef:
+    """The `block` parts T0.. of a blocked output (layout.py: blk0..) interleaved: sample (or row, u_rows = 1) n of
+    the output is sample n / block of part n % block, u_rows rows a sample. The generic kernel of
+    kernels/interleave.glsl.j2 (its WebGL2 routine, Kernel.routine); an optimizer includes it as a blocked weight's
+    gradient (ops/optim.py)."""
+    k = kl.KernelDef()
+    block, rows = k.sym("block", block), kl.uniform("u_rows", "int")
+    n = k.let("n", kl.ROW // rows)
+    q = k.let("q", n // block)
+    row = k.let("at_row", q * rows + kl.ROW - n * rows)
+    t = k.let("t", n - block * q)
+    v = k.let("v", kl.splat(0.0))
+    for j in range(block.value[1]):
+        with k.when(t.eq(j)):
+            k.set(v, kl.load(f"T{j}", row, kl.COL))
+    k.out(v)
+    return k
 
 
 def samples_last_pass(plan, src: str, dst: str, label: str, blocked=None) -> Pass:

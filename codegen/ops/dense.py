@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from texelfit.prep.layout import ceil_div
 
+from texelfit.prep.elementwise import derivatives_of, forward_of
+
 from .. import kl
+from ..expr import to_kl
 from ..kernels import Kernel
-from ..kl import COL, load, splat, uniform
+from ..kl import COL, ROW, dot, lane, load, minimum, splat, uniform, valid, vec4_of
 from .common import activation, lanes, weighted_passes
 
 
@@ -54,9 +57,123 @@ def _grad_bias(c) -> Kernel:
     return Kernel("dense_grad_bias", "kl", ("DZ",), uniforms=("u_batch", "u_loss_scale"), kl=_grad_bias_kl())
 
 
+def _activate(z: kl.X, act: str, attrs: dict) -> kl.X:
+    """act(z) of a fused activation (a vec4; "none": z)."""
+    if act == "none":
+        return z
+    a = to_kl(forward_of(act, attrs), [z])
+    return a if a.type == "vec4" else splat(a)
+
+
+def _grad_of(y: kl.X, act: str, attrs: dict) -> kl.X:
+    """act'(Z) written in the output y = act(Z) (a vec4), as activation_grad (ops/common.py) has it."""
+    d = to_kl(derivatives_of(act, attrs)[0], [], y)
+    return d if d.type == "vec4" else splat(d)
+
+
+def _mat(k: kl.KernelDef, x: kl.X, w: str, o, i4) -> kl.X:
+    """x (a texel of 4 inputs) times the 4 rows o .. o+3 of W at input texel i4: the 4 outputs' sums (the GLSL's
+    x * mat4(getW(o, i4), ..., getW(o + 3, i4)))."""
+    return vec4_of(*(dot(x, load(w, o + j, i4)) for j in range(4)))
+
+
+def forward_kl(c: dict, act: str = "none", attrs: dict | None = None) -> kl.KernelDef:
+    """The generic dense forward, a texel the 4 outputs o = 4*COL .. 4*COL+3 of a sample ROW:
+    Y[n, o] = act(sum_i X[n, i] * W[o, i] + b[o]), padding lanes zero. Split-K (c["split"] = S parts of
+    c["chunk"] input texels each, layout.split_k): row S*n + s of the output holds sample n's sums over input texels
+    [chunk*s, chunk*s + chunk), without bias or activation (reduce_kl adds them). The WebGL2 routine is
+    kernels/dense_forward.glsl.j2 (8 samples a fragment when blocked); the CPU runs this over all samples."""
+    k = kl.KernelDef()
+    in4 = k.sym("in4", c["in4"])
+    o = k.let("wrow", 4 * COL)
+    if c.get("split"):
+        split, chunk = k.syms(split=c["split"], chunk=c["chunk"])
+        n = k.let("n", ROW // split)
+        i0 = k.let("i0", (ROW - n * split) * chunk)
+        start, stop, acc = i0, minimum(i0 + chunk, in4), k.let("acc", splat(0.0))
+    else:
+        n, start, stop = ROW, 0, in4
+        acc = k.let("acc", load("B", 0, COL) if c["has_bias"] else splat(0.0))
+    with k.loop("i4", stop, start) as i4:
+        x = k.let("x", load("X", n, i4))
+        k.set(acc, acc + _mat(k, x, "W", o, i4))
+    if c.get("split"):
+        k.out(acc)
+    else:
+        k.out(_activate(acc, act, attrs or {}) * valid(k.sym("out_features", c["out_features"]), COL))
+    return k
+
+
+def reduce_kl(c: dict, act: str = "none", attrs: dict | None = None) -> kl.KernelDef:
+    """Y[n, o] = act(sum_s P[S*n + s, o] + b[o]): the sum of a split-K forward's partial sums (S = c["split"])."""
+    k = kl.KernelDef()
+    split = k.sym("split", c["split"])
+    acc = k.let("acc", load("B", 0, COL) if c["has_bias"] else splat(0.0))
+    with k.loop("s", split) as s:
+        k.set(acc, acc + load("P", split * ROW + s, COL))
+    k.out(_activate(acc, act, attrs or {}) * valid(k.sym("out_features", c["out_features"]), COL))
+    return k
+
+
+def grad_input_kl(c: dict, dact: tuple[str, dict] | None = None) -> kl.KernelDef:
+    """dX[n, i] = sum_o dZ[n, o] * W[o, i], a texel the 4 inputs i = 4*COL .. 4*COL+3 of sample ROW; with `dact`
+    (the activation of the layer before and its attributes: layout.py act_grad_fused) times its derivative in
+    Y = act(Z) of that layer, the kernel's input Y (this texel of it): dZ of that layer."""
+    k = kl.KernelDef()
+    acc = k.let("acc", splat(0.0))
+    with k.loop("o4", k.sym("out4", c["out4"])) as o4:
+        d = k.let("d", load("DZ", ROW, o4))
+        o = k.let("wrow", 4 * o4)
+        k.set(acc, acc + (load("W", o, COL) * lane(d, 0) + load("W", o + 1, COL) * lane(d, 1)
+                          + load("W", o + 2, COL) * lane(d, 2) + load("W", o + 3, COL) * lane(d, 3)))
+    k.out(acc * _grad_of(k.let("y", load("Y", ROW, COL)), *dact) if dact else acc)
+    return k
+
+
+def grad_weight_kl(transposed: bool = False) -> kl.KernelDef:
+    """dW[o, i] = sum over the u_batch samples n of dZ[n, o] * X[n, i], a texel the 4 inputs i = 4*COL ..
+    4*COL+3 of row o = ROW (every row of dW: a padded row's dZ lanes are zero); dZ read as it is (lane o % 4 of
+    texel (n, o / 4)) or, `transposed`, with the samples as channels (samples_last: lane n % 4 of texel
+    (o, n / 4)), as the blocked routine reads it. The loss gradient came scaled (u_loss_scale)."""
+    k = kl.KernelDef()
+    acc = k.let("acc", splat(0.0))
+    if not transposed:
+        o4 = k.let("o4", ROW // 4)
+        j = k.let("j", ROW - 4 * o4)
+    with k.loop("n", uniform("u_batch", "int")) as n:
+        if transposed:
+            n4 = k.let("n4", n // 4)
+            d = lane(load("DZT", ROW, n4), n - 4 * n4)
+        else:
+            d = lane(load("DZ", n, o4), j)
+        k.set(acc, acc + load("X", n, COL) * d)
+    k.out(acc / uniform("u_loss_scale", "float"))
+    return k
+
+
+def _generic(layer, plan):
+    """The generic kernel (the kernel language) of each dense kernel weighted_passes declares, by what it computes
+    and its constants: the CPU backend's and WGSL's; WebGL2 runs the hand template beside it (Kernel.routine)."""
+    act, attrs = layer.attrs.get("act", "none"), layer.attrs.get("act_attrs", {})
+
+    def of(what: str, c: dict):
+        if what == "forward":
+            return forward_kl(c, act, attrs)
+        if what == "reduce":
+            return reduce_kl(c, act, attrs)
+        if what == "grad_input":
+            return grad_input_kl(c, plan.act_grad_fused[layer.inputs[0]] if c.get("dact") else None)
+        if what == "grad_weight":
+            return grad_weight_kl(bool(c.get("blocked")))
+        return None
+    return of
+
+
 def forward(layer, graph, plan):
-    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _grad_bias, _GENERIC)[0]
+    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _grad_bias, _GENERIC,
+                           _generic(layer, plan))[0]
 
 
 def backward(layer, graph, plan):
-    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _grad_bias, _GENERIC)[1]
+    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _grad_bias, _GENERIC,
+                           _generic(layer, plan))[1]

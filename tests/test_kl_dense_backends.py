@@ -1,0 +1,113 @@
+"""The dense layer's WebGL2 routines (the hand templates: sample-blocked, split-K) against its generic kernels (the
+kernel language, codegen/ops/dense.py), which the CPU backend runs: one bundle, the same weights and batches on both
+backends, the outputs, every gradient and a training trajectory compared with each other and with PyTorch.
+
+The model (300 -> 64 tanh -> 256 relu -> 7): its first layer is split-K (75 input texels: 5 parts) and
+sample-blocked, the second sample-blocked with the first's tanh gradient fused into its grad_input (dact), the last
+split-K (4 parts). At a batch of 3 the one-sample and split passes run, at 10 the blocked ones (a block of 8 and 2
+more) and the optimizers read the blocked weight gradients through the interleave (ops/optim.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers import FIT, FWD, GRAD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, run_model, torch_fit, torch_state
+from texelfit.codegen.schedule import build_schedule
+from texelfit.prep.fuse import fuse_activations
+from texelfit.prep.graph import to_ir
+from texelfit.prep.layout import BLOCK_MIN_BATCH, plan_layout
+from texelfit.prep.load import export_simplified
+
+SHAPE = (300,)
+
+
+def routed_mlp():
+    return nn.Sequential(nn.Linear(300, 64), nn.Tanh(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 7))
+
+
+def test_the_model_schedules_the_routines():
+    """(What the comparisons below rely on: the bundle's passes are the blocked and split-K routines, each with its
+    generic kernel.)"""
+    torch.manual_seed(0)
+    graph = fuse_activations(to_ir(export_simplified(routed_mlp(), SHAPE), SHAPE, "float32"))
+    s = build_schedule(graph, plan_layout(graph, 64))
+    names = {p.kernel.name for p in s.forward + s.backward + [p for ps in s.optimizer.values() for p in ps]}
+    routines = {p.kernel.name for p in s.forward + s.backward if p.kernel.routine}
+    for what in ("dense_forward 300->64 tanh blocked", "dense_forward 300->64 tanh split",
+                 "dense_reduce 300->64 tanh", "dense_forward 256->7 split", "dense_reduce 256->7",
+                 "dense_forward 64->256 relu blocked", "dense_grad_input 64->256 tanh blocked",
+                 "dense_grad_weight blocked", "dense_grad_weight", "interleave"):
+        assert any(n.startswith(what) for n in routines), (what, sorted(routines))
+    dact = [p for p in s.backward if p.kernel.name.startswith("dense_grad_input") and p.kernel.consts.get("dact")]
+    assert len(dact) == 3 and all(p.kernel.kl is not None for p in dact)  # (relu into the last, tanh both twins)
+    assert any(n.startswith("adam interleave") for n in names) and any(n.startswith("adam dense_grad_weight")
+                                                                           for n in names)
+
+
+OPS = """
+    const x = new Float32Array(args.x), y = Int32Array.from(args.y);
+    const out = Array.from(await m.predict(x, args.batch));
+    const grads = arr(await m.gradients(x, y, { loss: 'cross_entropy' }));
+    return { out, grads, backend: m.info.backend };
+"""
+
+
+@pytest.mark.parametrize("batch", [3, BLOCK_MIN_BATCH + 2])
+def test_forward_and_gradients_webgl2_vs_cpu(web, site, batch):
+    torch.manual_seed(batch)
+    module = routed_mlp().eval()
+    g = torch.Generator().manual_seed(batch)
+    x = torch.randn((batch,) + SHAPE, generator=g)
+    y = torch.randint(0, 7, (batch,), generator=g)
+    url = build_module(site, "kl_dense_ops", module, SHAPE, max_batch=64)
+    args = {"x": x.reshape(-1).tolist(), "y": y.tolist(), "batch": batch}
+    gl = run_model(web, url, OPS, args, {"backend": "webgl2"})
+    cpu = run_model(web, url, OPS, args, {"backend": "cpu"})
+    assert (gl["backend"], cpu["backend"]) == ("webgl2", "cpu")
+    module.zero_grad()
+    out = module(x)
+    F.cross_entropy(out, y).backward()
+    assert_close("forward: WebGL2 routines vs CPU generic", gl["out"], np.asarray(cpu["out"]), **FWD)
+    for side, got in (("webgl2", gl), ("cpu", cpu)):
+        assert_close(f"{side} forward", got["out"], out.detach().numpy(), **FWD)
+    for name, p in module.named_parameters():
+        assert_close(f"d/d{name}: WebGL2 routines vs CPU generic", gl["grads"][name], np.asarray(cpu["grads"][name]),
+                     **GRAD)
+        for side, got in (("webgl2", gl), ("cpu", cpu)):
+            assert_close(f"{side} d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+
+
+@pytest.mark.parametrize("opt", [{"type": "adam", "lr": 1e-2, "weightDecay": 1e-2},
+                                 {"type": "sgd", "lr": 0.05, "momentum": 0.9, "weightDecay": 1e-3},
+                                 {"type": "sgd", "lr": 0.1}], ids=["adam", "sgd_momentum", "sgd"])
+def test_training_webgl2_vs_cpu(web, site, opt):
+    """From a fresh model (PyTorch's initialisation), batches of 10 (blocked: the optimizers include the
+    interleave of the blocked weight gradients) and a last one of 3 (the one-sample and split passes, the
+    optimizers the plain weight gradient): each step's loss and the weights at the end, both backends against
+    each other and against PyTorch."""
+    torch.manual_seed(11)
+    module = routed_mlp()
+    url = build_module(site, "kl_dense_train", module, SHAPE, max_batch=16)
+    samples, batch_size, epochs = 23, BLOCK_MIN_BATCH + 2, 2
+    x = torch.randn((samples,) + SHAPE)
+    y = torch.randint(0, 7, (samples,))
+    args = {"x": x.reshape(-1).tolist(), "y": y.tolist(), "loss": "cross_entropy", "optimizer": opt,
+            "batchSize": batch_size, "epochs": epochs, "shuffle": False, "ids": False, "mu": 0.0}
+    gl = run_model(web, url, FIT, args, {"backend": "webgl2"})
+    cpu = run_model(web, url, FIT, args, {"backend": "cpu"})
+    assert (gl["info"]["backend"], cpu["info"]["backend"]) == ("webgl2", "cpu")
+    ref_losses = torch_fit(module, x, y, "cross_entropy", opt, batch_size, epochs)
+    assert len(gl["loss"]) == len(cpu["loss"]) == epochs * 3
+    assert_close("losses: WebGL2 vs CPU", gl["loss"], np.asarray(cpu["loss"]), **TRAJ_LOSS)
+    for side, got in (("webgl2", gl), ("cpu", cpu)):
+        assert_close(f"{side} losses", got["loss"], ref_losses, **TRAJ_LOSS)
+    for name, ref in torch_state(module).items():
+        assert_close(f"{name}: WebGL2 vs CPU", gl["weights"][name], np.asarray(cpu["weights"][name]).reshape(-1),
+                     **TRAJ_W)
+        for side, got in (("webgl2", gl), ("cpu", cpu)):
+            assert_close(f"{side} {name} after the fit", np.asarray(got["weights"][name]).reshape(-1),
+                         ref.reshape(-1), **TRAJ_W)
