@@ -158,11 +158,29 @@ class Elementwise(nn.Module):
         return self.head(z.mean((2, 3)))
 
 
+class Dense(nn.Module):
+    """Dense layers at a max batch of 16 (MAX_BATCH): the first and the last split-K, the first two sample-blocked
+    (their generic kernels beside the WebGL2 routines: codegen/ops/dense.py), the first's tanh gradient fused into
+    the second's grad_input."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(300, 64), nn.Linear(64, 256), nn.Linear(256, 7)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.tanh(self.a(x)))))
+
+
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
           "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (6,), "int64"),
           "resampled": (Resampled, (3, 5, 4), "float32"), "tokened": (Tokened, (5, 7), "float32"),
           "normed": (Normed, (7, 6), "float32"), "classes": (Classes, (5,), "float32"),
-          "elementwise": (Elementwise, (3, 5, 4), "float32")}
+          "elementwise": (Elementwise, (3, 5, 4), "float32"), "dense": (Dense, (300,), "float32")}
+MAX_BATCH = {"dense": 16}  # (the textures' samples where not BATCH: a sample-blocked layer's from layout.BLOCK_MIN_BATCH on)
+# the random textures' scale where not 2: the WGSL sums in float32, the JavaScript in float64, and a dense layer's
+# 300 products of values of that scale would sum to ~70, whose float32 rounding (~1e-5) is past the tolerance where
+# the sum nearly cancels; at 1/4, ~1, and its rounding ~1e-7
+SCALE = {"dense": 0.25}
 
 
 def kl_passes(name):
@@ -171,7 +189,7 @@ def kl_passes(name):
     factory, shape, dtype = MODELS[name]
     torch.manual_seed(0)
     graph = fuse_activations(fold_batchnorm(to_ir(export_simplified(factory(), shape, input_dtype=dtype), shape, dtype)))
-    plan = plan_layout(graph, BATCH)
+    plan = plan_layout(graph, MAX_BATCH.get(name, BATCH))
     s = build_schedule(graph, plan)
     seen, out = set(), []
     for p in s.forward + s.backward + [p for passes in s.loss.values() for p in passes]:
@@ -193,7 +211,10 @@ def gpu_page(browser_type, site):
 
 RUN = """async ({ code, inputs, outputs, rows, width, fields, grid }) => {
   const adapter = await navigator.gpu.requestAdapter();
-  const device = await adapter.requestDevice();
+  // (the adapter's own limit of storage buffers: interleave reads 8 parts and writes 1, past WebGPU's default of 8;
+  // only the CPU and this check run it: a blocked layout is WebGL2's routines')
+  const device = await adapter.requestDevice({ requiredLimits: {
+    maxStorageBuffersPerShaderStage: adapter.limits.maxStorageBuffersPerShaderStage } });
   device.pushErrorScope('validation');
   const module = device.createShaderModule({ code });
   const info = await module.getCompilationInfo();
@@ -239,16 +260,17 @@ RUN = """async ({ code, inputs, outputs, rows, width, fields, grid }) => {
 
 
 def _run_js(fn: str, consts: dict, inputs: list[np.ndarray], widths: list[int], outputs: int, rows: int,
-            width: int) -> list[np.ndarray]:
+            width: int, values: dict | None = None) -> list[np.ndarray]:
     script = f"""
 const fn = {fn};
 const src = {json.dumps([a.reshape(-1).tolist() for a in inputs])};
 const ins = src.map((d, i) => ({{ width: {json.dumps(widths)}[i], data: Float32Array.from(d) }}));
 const outs = Array.from({{ length: {outputs} }}, () => ({{ width: {width}, data: new Float32Array({rows * width * 4}) }}));
-fn({json.dumps(consts)}, ins, outs, {json.dumps(UNIFORMS)}, {rows});
+fn({json.dumps(consts)}, ins, outs, {json.dumps({**UNIFORMS, **(values or {})})}, {rows});
 console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 """
-    got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
+    # (the script on stdin: a large model's textures pass the limit of one command-line argument)
+    got = subprocess.run(["node"], input=script, capture_output=True, text=True, check=True).stdout
     return [np.array(o, dtype=np.float64) for o in json.loads(got)]
 
 
@@ -267,7 +289,9 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
             "normed": {"layernorm_forward", "layernorm_grad_input", "layernorm_grad_weight", "matmul_forward",
                        "matmul_grad_a", "matmul_grad_b", "matmul_grad_weight", "rows_sum"},
             "classes": {"cross_entropy_stats", "cross_entropy_grad", "cross_entropy_value"},
-            "elementwise": {"elementwise_forward", "elementwise_grad", "activation_grad"}}
+            "elementwise": {"elementwise_forward", "elementwise_grad", "activation_grad"},
+            "dense": {"dense_forward", "dense_reduce", "dense_grad_input", "dense_grad_weight", "dense_grad_bias",
+                      "interleave", "samples_last"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -279,9 +303,12 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
     for p, plan in passes:
         k, names = p.kernel, p.kernel.inputs
         specs = [plan.textures[t] for t in p.inputs]
-        out = plan.textures[p.outputs[0]]
+        # a WebGL2 routine's generic kernel (Kernel.routine) writes its own outputs: a blocked one's, the whole tensor
+        # the routine's parts (blk0..7:T) hold, which the CPU deals out (runtime/cpu.js.j2: cpuBlocked)
+        outputs = len(k.kl.written) if k.routine else k.outputs
+        out = plan.textures[p.outputs[0].split(":", 1)[1] if p.outputs[0].startswith("blk") else p.outputs[0]]
         rows, width = out.height, out.width
-        data = [(rng.standard_normal((s.height, s.width, 4)) * 2).astype(np.float32) for s in specs]
+        data = [(rng.standard_normal((s.height, s.width, 4)) * SCALE.get(model, 2)).astype(np.float32) for s in specs]
         for i, t in enumerate(p.inputs):  # a loss's labels: class ids; its softmax statistics: a sum above 0
             if t == "labels":
                 data[i][:, :, 0] = rng.integers(0, k.kl.symbols["classes"], data[i].shape[:2])
@@ -290,13 +317,13 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
         fields = struct_fields(k.kl, list(names))
         values = {"rows": rows, "width": width, **{f"w_{n}": s.width for n, s in zip(names, specs)},
                   **UNIFORMS, **p.values}
-        code = wgsl(k.kl, list(names), k.outputs)
+        code = wgsl(k.kl, list(names), outputs)
         got = gpu_page.evaluate(RUN, {"code": code, "inputs": [d.reshape(-1).tolist() for d in data],
-                                      "outputs": k.outputs, "rows": rows, "width": width,
+                                      "outputs": outputs, "rows": rows, "width": width,
                                       "fields": [[t, values[n]] for n, t in fields], "grid": list(dispatch(rows, width))})
         assert "error" not in got, f"{k.name}: {got.get('error')}\n{code}"
-        ref = _run_js(js(k.kl, list(names), k.outputs), k.kl.symbols, data, [s.width for s in specs], k.outputs,
-                      rows, width)
+        ref = _run_js(js(k.kl, list(names), outputs), k.kl.symbols, data, [s.width for s in specs], outputs,
+                      rows, width, p.values)
         for i, (g, r) in enumerate(zip(got["result"], ref)):
             np.testing.assert_allclose(np.asarray(g), r, rtol=2e-5, atol=2e-6, err_msg=f"{k.name} out{i}")
     print(model, sorted(kinds))
