@@ -176,9 +176,7 @@ def interleave_kl(block: int) -> kl.KernelDef:
     k = kl.KernelDef()
     block, rows = k.sym("block", block), kl.uniform("u_rows", "int")
     n = k.let("n", kl.ROW // rows)
-    q = k.let("q", n // block)
-    row = k.let("at_row", q * rows + kl.ROW - n * rows)
-    t = k.let("t", n - block * q)
+    t, row = k.let("t", n % block), k.let("at_row", kl.ROW - (n - n // block) * rows)  # (row n / block of part t)
     v = k.let("v", kl.splat(0.0))
     for j in range(block.value[1]):
         with k.when(t.eq(j)):

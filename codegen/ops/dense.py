@@ -24,7 +24,7 @@ from texelfit.prep.elementwise import derivatives_of, forward_of
 from .. import kl
 from ..expr import to_kl
 from ..kernels import Kernel
-from ..kl import COL, ROW, dot, lane, load, minimum, splat, uniform, valid, vec4_of
+from ..kl import COL, ROW, dot, lane, load, minimum, splat, uniform, valid
 from .common import activation, lanes, weighted_passes
 
 
@@ -71,12 +71,6 @@ def _grad_of(y: kl.X, act: str, attrs: dict) -> kl.X:
     return d if d.type == "vec4" else splat(d)
 
 
-def _mat(k: kl.KernelDef, x: kl.X, w: str, o, i4) -> kl.X:
-    """x (a texel of 4 inputs) times the 4 rows o .. o+3 of W at input texel i4: the 4 outputs' sums (the GLSL's
-    x * mat4(getW(o, i4), ..., getW(o + 3, i4)))."""
-    return vec4_of(*(dot(x, load(w, o + j, i4)) for j in range(4)))
-
-
 def forward_kl(c: dict, act: str = "none", attrs: dict | None = None) -> kl.KernelDef:
     """The generic dense forward, a texel the 4 outputs o = 4*COL .. 4*COL+3 of a sample ROW:
     Y[n, o] = act(sum_i X[n, i] * W[o, i] + b[o]), padding lanes zero. Split-K (c["split"] = S parts of
@@ -85,18 +79,18 @@ def forward_kl(c: dict, act: str = "none", attrs: dict | None = None) -> kl.Kern
     kernels/dense_forward.glsl.j2 (8 samples a fragment when blocked); the CPU runs this over all samples."""
     k = kl.KernelDef()
     in4 = k.sym("in4", c["in4"])
-    o = k.let("wrow", 4 * COL)
     if c.get("split"):
         split, chunk = k.syms(split=c["split"], chunk=c["chunk"])
         n = k.let("n", ROW // split)
-        i0 = k.let("i0", (ROW - n * split) * chunk)
+        i0 = k.let("i0", ROW % split * chunk)
         start, stop, acc = i0, minimum(i0 + chunk, in4), k.let("acc", splat(0.0))
     else:
         n, start, stop = ROW, 0, in4
         acc = k.let("acc", load("B", 0, COL) if c["has_bias"] else splat(0.0))
     with k.loop("i4", stop, start) as i4:
         x = k.let("x", load("X", n, i4))
-        k.set(acc, acc + _mat(k, x, "W", o, i4))
+        with k.loop("j", 4) as j:  # output 4*COL + j: x times that row of W (the GLSL's x * mat4(getW(o, i4), ...))
+            k.set_lane(acc, j, lane(acc, j) + dot(x, load("W", 4 * COL + j, i4)))
     if c.get("split"):
         k.out(acc)
     else:
@@ -122,10 +116,8 @@ def grad_input_kl(c: dict, dact: tuple[str, dict] | None = None) -> kl.KernelDef
     k = kl.KernelDef()
     acc = k.let("acc", splat(0.0))
     with k.loop("o4", k.sym("out4", c["out4"])) as o4:
-        d = k.let("d", load("DZ", ROW, o4))
-        o = k.let("wrow", 4 * o4)
-        k.set(acc, acc + (load("W", o, COL) * lane(d, 0) + load("W", o + 1, COL) * lane(d, 1)
-                          + load("W", o + 2, COL) * lane(d, 2) + load("W", o + 3, COL) * lane(d, 3)))
+        with k.loop("j", 4) as j:  # output 4*o4 + j: row 4*o4 + j of W times its dZ (the GLSL's mat4(...) * dZ)
+            k.set(acc, acc + load("W", 4 * o4 + j, COL) * lane(load("DZ", ROW, o4), j))
     k.out(acc * _grad_of(k.let("y", load("Y", ROW, COL)), *dact) if dact else acc)
     return k
 
@@ -137,15 +129,11 @@ def grad_weight_kl(transposed: bool = False) -> kl.KernelDef:
     (o, n / 4)), as the blocked routine reads it. The loss gradient came scaled (u_loss_scale)."""
     k = kl.KernelDef()
     acc = k.let("acc", splat(0.0))
-    if not transposed:
-        o4 = k.let("o4", ROW // 4)
-        j = k.let("j", ROW - 4 * o4)
     with k.loop("n", uniform("u_batch", "int")) as n:
         if transposed:
-            n4 = k.let("n4", n // 4)
-            d = lane(load("DZT", ROW, n4), n - 4 * n4)
+            d = lane(load("DZT", ROW, n // 4), n % 4)
         else:
-            d = lane(load("DZ", n, o4), j)
+            d = lane(load("DZ", n, ROW // 4), ROW % 4)
         k.set(acc, acc + load("X", n, COL) * d)
     k.out(acc / uniform("u_loss_scale", "float"))
     return k
