@@ -14,6 +14,12 @@ grad_input, dense_* blocked (8 samples a fragment, rows: blocks, into blk0..7:T)
 dense_grad_weight blocked DZT, X, 8 rows a fragment, + interleave -> dW); they run from 8 samples
 on (Pass.blocked). In a training step the pass writing dW or db is left out: the optimizer pass
 includes its kernel (ops/optim.py).
+
+Every kernel here has a generic kernel written in the kernel language (forward_kl, reduce_kl, grad_input_kl,
+grad_weight_kl below; interleave_kl in ops/common.py), which the CPU backend and WGSL print; on WebGL2 the hand
+templates (kernels/dense_*.glsl.j2, interleave.glsl.j2: the sample-blocked and split-K fragments) run beside them
+as routines (Kernel.routine), and the CPU deals a blocked pass's generic result out as the routine lays it out
+(runtime/cpu.js.j2: cpuBlocked). tests/test_kl_dense_backends.py runs both on the same inputs.
 """
 from __future__ import annotations
 
