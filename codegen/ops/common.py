@@ -11,6 +11,7 @@ from texelfit.prep.elementwise import UNARY, X, const, derivatives_of, forward_o
 from .. import kl
 from ..expr import functions, to_kl
 from ..kernels import Kernel, Pass
+from .conv_kl import interleave_cols_kl
 
 
 def lanes(cols: int) -> dict:
@@ -42,7 +43,8 @@ def grad_target(plan, layer, slot: int):
     return plan.grad_targets[(layer.name, slot)]
 
 
-def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic: tuple[str, ...] = ()):
+def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic: tuple[str, ...] = (),
+                    generic_kl=None):
     """Forward and backward passes of a layer with a weight, a bias and a fused activation
     (dense and conv): {family}_forward, {family}_grad_weight, _grad_bias and _grad_input, with
     the kernel constants `c` and `title(c, what)` naming each kernel. The kernels in `generic`
@@ -50,7 +52,8 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
     one program serves every layer (programs are shared by source, codegen/schedule.py), which
     saves a shader compile per layer at the first step. A sample-blocked layer's passes have a
     blocked twin for larger batches (blockable below). `grad_bias(c)`: the family's bias gradient kernel (written in
-    the kernel language)."""
+    the kernel language). `generic_kl(what, consts)`: the generic kernel (a KernelDef) of a template kernel, which
+    makes the template a WebGL2 routine beside it (Kernel.routine)."""
     x, y = layer.inputs[0], layer.outputs[0]
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
@@ -61,8 +64,9 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
         if what in generic:
             return Kernel(f"{family}_{what}{blocked}", f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
                           consts=more)
+        consts = dict(c, **more)
         return Kernel(title(c, f"{family}_{what}") + blocked, f"{family}_{what}.glsl.j2", inputs, outputs, uniforms,
-                      consts=dict(c, **more))
+                      consts=consts, kl=generic_kl(what, consts) if generic_kl else None)
 
     def blockable(what, names, uniforms, inputs, output, rows, blocked_reads=None):
         """The pass writing `output` (its batch rows, or all of a weight gradient). With blk0..7:output
@@ -112,14 +116,14 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
             k = kernel("forward", names, (), len(outputs), blocked=False, colblock=COLUMN_BLOCK, colin=colin,
                        halves=halves)
             if len(halves) < COLUMN_HALVES:
-                k = Kernel(f"{k.name} half {halves[0]}", k.template, k.inputs, k.outputs, k.uniforms, k.consts)
+                k = Kernel(f"{k.name} half {halves[0]}", k.template, k.inputs, k.outputs, k.uniforms, k.consts,
+                           kl=k.kl)
             return Pass(k, inputs, outputs, "batch", layer.name, blocked=one.blocked, wide=wide)
         forward[:1] = [columns(list(range(COLUMN_HALVES)), parts, True)] + \
             [columns([g], parts[COLUMN_BLOCK * g:COLUMN_BLOCK * (g + 1)], False) for g in range(COLUMN_HALVES)]
         if not plan.columns_only(y):
-            interleave = Kernel("interleave_cols", "interleave_cols.glsl.j2",
-                                tuple(f"T{k}" for k in range(COLUMN_PARTS)), uniforms=("u_c4", "u_qb"),
-                                consts={"block": COLUMN_BLOCK, "halves": COLUMN_HALVES})
+            interleave = Kernel("interleave_cols", "kl", tuple(f"T{k}" for k in range(COLUMN_PARTS)),
+                                uniforms=("u_c4", "u_qb"), kl=interleave_cols_kl(COLUMN_BLOCK, COLUMN_HALVES))
             forward.insert(1 + COLUMN_HALVES, Pass(interleave, parts, one.outputs, "batch", layer.name,
                                 {"u_c4": c["oc4"], "u_qb": ceil_div(c["ow"], COLUMN_BLOCK)}, blocked=one.blocked))
     backward = []
