@@ -158,11 +158,28 @@ class Elementwise(nn.Module):
         return self.head(z.mean((2, 3)))
 
 
+class Convs(nn.Module):
+    """The conv family's generic kernels (ops/conv_kl.py): a grouped conv strided, dilated and padded unevenly, a
+    depthwise one, a transposed one with a fused activation. (Short sums: the float32 WGSL against float64 JavaScript.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.grouped = nn.Conv2d(8, 6, 3, stride=2, dilation=2, padding=(2, 1), groups=2)
+        self.dw = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.up = nn.ConvTranspose2d(6, 5, 3, stride=2, padding=1, output_padding=1)
+        self.head = nn.Linear(5, 4)
+
+    def forward(self, x):  # (3, 7, 6)
+        y = self.dw(torch.tanh(self.grouped(torch.relu(self.stem(x)))))
+        return self.head(torch.relu(self.up(y)).mean((2, 3)))
+
+
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
           "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (6,), "int64"),
           "resampled": (Resampled, (3, 5, 4), "float32"), "tokened": (Tokened, (5, 7), "float32"),
           "normed": (Normed, (7, 6), "float32"), "classes": (Classes, (5,), "float32"),
-          "elementwise": (Elementwise, (3, 5, 4), "float32")}
+          "elementwise": (Elementwise, (3, 5, 4), "float32"), "convs": (Convs, (3, 7, 6), "float32")}
 
 
 def kl_passes(name):
@@ -175,7 +192,9 @@ def kl_passes(name):
     s = build_schedule(graph, plan)
     seen, out = set(), []
     for p in s.forward + s.backward + [p for passes in s.loss.values() for p in passes]:
-        if p.kernel.kl is not None and p.kernel.name not in seen:
+        # (a WebGL2 routine's sample-blocked or column-blocked draw: its generic kernel is the one-sample pass's)
+        laid_out = p.kernel.routine and (p.blocked or p.wide is not None)
+        if p.kernel.kl is not None and p.kernel.name not in seen and not laid_out:
             seen.add(p.kernel.name)
             out.append((p, plan))
     return out
@@ -193,7 +212,9 @@ def gpu_page(browser_type, site):
 
 RUN = """async ({ code, inputs, outputs, rows, width, fields, grid }) => {
   const adapter = await navigator.gpu.requestAdapter();
-  const device = await adapter.requestDevice();
+  // (the adapter's own limit of storage buffers a stage: an interleave reads 8 parts, past WebGPU's default of 8 in all)
+  const maxStorageBuffersPerShaderStage = adapter.limits.maxStorageBuffersPerShaderStage;
+  const device = await adapter.requestDevice({ requiredLimits: { maxStorageBuffersPerShaderStage } });
   device.pushErrorScope('validation');
   const module = device.createShaderModule({ code });
   const info = await module.getCompilationInfo();
@@ -239,23 +260,24 @@ RUN = """async ({ code, inputs, outputs, rows, width, fields, grid }) => {
 
 
 def _run_js(fn: str, consts: dict, inputs: list[np.ndarray], widths: list[int], outputs: int, rows: int,
-            width: int) -> list[np.ndarray]:
+            width: int, uniforms: dict = UNIFORMS) -> list[np.ndarray]:
     script = f"""
 const fn = {fn};
 const src = {json.dumps([a.reshape(-1).tolist() for a in inputs])};
 const ins = src.map((d, i) => ({{ width: {json.dumps(widths)}[i], data: Float32Array.from(d) }}));
 const outs = Array.from({{ length: {outputs} }}, () => ({{ width: {width}, data: new Float32Array({rows * width * 4}) }}));
-fn({json.dumps(consts)}, ins, outs, {json.dumps(UNIFORMS)}, {rows});
+fn({json.dumps(consts)}, ins, outs, {json.dumps(uniforms)}, {rows});
 console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 """
-    got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
+    # (the script on stdin: a conv's textures are past the length of an argument)
+    got = subprocess.run(["node", "-"], input=script, capture_output=True, text=True, check=True).stdout
     return [np.array(o, dtype=np.float64) for o in json.loads(got)]
 
 
 # what each model schedules among the kernels written in the kernel language (a family migrated to it joins here)
 EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward", "global_avgpool_grad",
                       "cross_entropy_grad", "cross_entropy_value", "log_softmax_forward", "maxpool_forward", "maxpool_grad", "conv_grad_bias", "dense_grad_bias",
-                      "samples_last"},
+                      "samples_last", "conv_forward", "conv_grad_input", "conv_grad_weight"},
             "tokens": {"matmul_forward", "matmul_grad_a", "matmul_grad_weight", "reduce_forward", "reduce_grad",
                        "softmax_forward", "softmax_grad", "grad_sum", "mse_grad", "mse_value"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad", "conv_grad_bias",
@@ -267,7 +289,9 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
             "normed": {"layernorm_forward", "layernorm_grad_input", "layernorm_grad_weight", "matmul_forward",
                        "matmul_grad_a", "matmul_grad_b", "matmul_grad_weight", "rows_sum"},
             "classes": {"cross_entropy_stats", "cross_entropy_grad", "cross_entropy_value"},
-            "elementwise": {"elementwise_forward", "elementwise_grad", "activation_grad"}}
+            "elementwise": {"elementwise_forward", "elementwise_grad", "activation_grad"},
+            "convs": {"conv_forward", "conv_grad_input", "conv_grad_weight", "conv_transpose", "conv_grad_bias",
+                      "samples_last"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -296,7 +320,7 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
                                       "fields": [[t, values[n]] for n, t in fields], "grid": list(dispatch(rows, width))})
         assert "error" not in got, f"{k.name}: {got.get('error')}\n{code}"
         ref = _run_js(js(k.kl, list(names), k.outputs), k.kl.symbols, data, [s.width for s in specs], k.outputs,
-                      rows, width)
+                      rows, width, {**UNIFORMS, **p.values})  # (a pass's own uniforms: interleave_cols')
         for i, (g, r) in enumerate(zip(got["result"], ref)):
             np.testing.assert_allclose(np.asarray(g), r, rtol=2e-5, atol=2e-6, err_msg=f"{k.name} out{i}")
     print(model, sorted(kinds))
@@ -307,3 +331,32 @@ def test_dispatch_covers_large_outputs():
     for rows, width in [(1, 1), (3, 100), (70_000, 64), (4096, 4096)]:
         x, y = dispatch(rows, width)
         assert x <= 65535 and y <= 65535 and x * y * 64 >= rows * width > x * (y - 1) * 64
+
+
+def test_interleave_cols_wgsl(gpu_page):
+    """interleave_cols (ops/conv_kl.py), which only a column-blocked conv past layout.COLUMN_BLOCK_MIN_MACS schedules
+    (sums too long for the models above): 9 channel texels a position (halves of 5, the last one short), 23 positions
+    (a partial last block of 4), from 8 parts, as the JavaScript and numpy place them."""
+    from texelfit.codegen.ops.conv_kl import interleave_cols_kl
+    from texelfit.prep.layout import COLUMN_BLOCK, COLUMN_HALVES
+
+    b, nh, c4, ow, rows = COLUMN_BLOCK, COLUMN_HALVES, 9, 23, 3
+    qb, c4h = -(-ow // b), -(-c4 // nh)
+    k, names = interleave_cols_kl(b, nh), [f"T{t}" for t in range(b * nh)]
+    rng = np.random.default_rng(4)
+    y = rng.standard_normal((rows, ow * c4, 4)).astype(np.float32)
+    parts = [np.zeros((rows, c4h * qb, 4), np.float32) for _ in names]
+    for p in range(ow):
+        for j in range(c4):
+            g = j // c4h
+            parts[b * g + p % b][:, (j - g * c4h) * qb + p // b] = y[:, p * c4 + j]
+    width, uniforms = ow * c4, dict(UNIFORMS, u_c4=c4, u_qb=qb)
+    values = {"rows": rows, "width": width, **{f"w_{n}": c4h * qb for n in names}, **uniforms}
+    got = gpu_page.evaluate(RUN, {"code": wgsl(k, names, 1), "inputs": [d.reshape(-1).tolist() for d in parts],
+                                  "outputs": 1, "rows": rows, "width": width,
+                                  "fields": [[t, values[n]] for n, t in struct_fields(k, names)],
+                                  "grid": list(dispatch(rows, width))})
+    assert "error" not in got, got.get("error")
+    ref = _run_js(js(k, names, 1), k.symbols, parts, [c4h * qb] * len(names), 1, rows, width, uniforms)
+    np.testing.assert_array_equal(ref[0], y.reshape(-1))
+    np.testing.assert_array_equal(np.asarray(got["result"][0]), y.reshape(-1))
