@@ -157,6 +157,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "elementwise": elementwise,
         # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
         "cpu_kernels": sorted({k["template"] for k in kernels if "cpu" not in k} - {"kl"}),
+        # a column-blocked conv forward (layout.column_blocked): the CPU deals its generic kernel out (cpuColumns)
+        "cpu_columns": any(k["consts"].get("colblock") for k in kernels),
         "has_dropout": bool(model.get("dropout")),  # dropout layers: bundle.js.j2 adds dropout.js (each step's masks)
         # the CPU functions of the kernels written in the kernel language (codegen/kl_print.py)
         "cpu_generated": generated,

@@ -144,11 +144,13 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                       "outputs": k.outputs, "uniforms": list(k.uniforms),
                       "template": k.template.removesuffix(".glsl.j2"), "consts": _json_consts(k.consts)}
             if k.kl is not None:  # its shape constants are the function's consts (one function a structure)
-                fn = js(k.kl, list(k.inputs), len(k.kl.written) if k.routine else k.outputs)
+                fn = js(k.kl, _generic_inputs(k), len(k.kl.written) if k.routine else k.outputs)
                 record["cpu"] = source_id(fn)[:10]
                 record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
                 # a routine's sample blocking (layout.py): the CPU computes the generic kernel, then deals it out
                 record["consts"].update({n: k.consts[n] for n in _LAID_OUT if n in k.consts and k.routine})
+                if k.routine and k.consts.get("colblock"):  # (and the shapes cpuColumns deals it out by)
+                    record["consts"].update({n: k.consts[n] for n in _COLUMN_SHAPE})
                 generated[record["cpu"]] = fn
             if k.gradient is not None:  # an optimizer's gradient (ops/optim.py): its function, called with its consts
                 g = k.gradient  # (a routine's template constants are the optimizer's too: the same values)
@@ -184,6 +186,17 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
 # the constants of a routine's blocked output (runtime/cpu.js.j2: cpuBlocked, cpuColumns), kept beside its generic
 # kernel's symbols for the CPU
 _LAID_OUT = ("blocked", "block", "colblock", "halves", "colin")
+_COLUMN_SHAPE = ("oh", "ow", "oc4", "ih", "iw", "ic4")
+
+
+def _generic_inputs(k: Kernel) -> list[str]:
+    """The textures a kernel's CPU function reads, in order: its samplers, but where a column-blocked conv routine
+    reads its input as the column parts X0..X7 (c.colin), X: cpuColumns interleaves them for the generic kernel."""
+    names = list(k.inputs)
+    if k.routine and k.consts.get("colin"):
+        parts = sum(1 for n in names if re.fullmatch(r"X[0-9]+", n))
+        names = ["X"] + names[parts:]
+    return names
 
 
 def _json_consts(consts: dict) -> dict:

@@ -226,7 +226,7 @@ SPLIT_MAX_PARTS = 16
 # into 8 textures, col{4g + t}:T holding position 4*b + t of half g, its channel texel i at column i*B + b
 # (B = ceil(W/4) blocks: the 4 fragments of a 2x2 quad read one weight texel). Where the device draws fewer
 # than 8 targets at once, two draws of 4, a half each (Pass.wide; WebGL2 promises 4). A second pass
-# interleaves the parts into T (kernels/interleave_cols.glsl.j2; not always: column_only). Such a layer's
+# interleaves the parts into T (the interleave_cols kernel, codegen/ops/conv_kl.py; not always: column_only). Such a layer's
 # forward is never sample-blocked (its backward still is): on SwiftShader the 4 positions, neighbours in the
 # texture, beat 8 samples, rows far apart (EfficientNet-Lite0's features of 8 images: 18.6 s of synced draws
 # sample-blocked, 10.2 s column-blocked; predict of 1 image 1826 -> 523 ms). Below this size (the small CNNs)

@@ -171,11 +171,29 @@ class Dense(nn.Module):
         return self.c(torch.relu(self.b(torch.tanh(self.a(x)))))
 
 
+class Convs(nn.Module):
+    """The conv family's generic kernels (ops/conv_kl.py): a grouped conv strided, dilated and padded unevenly, a
+    depthwise one, a transposed one with a fused activation. (Short sums: the float32 WGSL against float64 JavaScript.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.grouped = nn.Conv2d(8, 6, 3, stride=2, dilation=2, padding=(2, 1), groups=2)
+        self.dw = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.up = nn.ConvTranspose2d(6, 5, 3, stride=2, padding=1, output_padding=1)
+        self.head = nn.Linear(5, 4)
+
+    def forward(self, x):  # (3, 7, 6)
+        y = self.dw(torch.tanh(self.grouped(torch.relu(self.stem(x)))))
+        return self.head(torch.relu(self.up(y)).mean((2, 3)))
+
+
 MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "float32"),
           "merges": (Merges, (3, 5, 6), "float32"), "embedded": (Embedded, (6,), "int64"),
           "resampled": (Resampled, (3, 5, 4), "float32"), "tokened": (Tokened, (5, 7), "float32"),
           "normed": (Normed, (7, 6), "float32"), "classes": (Classes, (5,), "float32"),
-          "elementwise": (Elementwise, (3, 5, 4), "float32"), "dense": (Dense, (300,), "float32")}
+          "elementwise": (Elementwise, (3, 5, 4), "float32"), "dense": (Dense, (300,), "float32"),
+          "convs": (Convs, (3, 7, 6), "float32")}
 MAX_BATCH = {"dense": 16}  # (the textures' samples where not BATCH: a sample-blocked layer's from layout.BLOCK_MIN_BATCH on)
 # the random textures' scale where not 2: the WGSL sums in float32, the JavaScript in float64, and a dense layer's
 # 300 products of values of that scale would sum to ~70, whose float32 rounding (~1e-5) is past the tolerance where
@@ -193,7 +211,10 @@ def kl_passes(name):
     s = build_schedule(graph, plan)
     seen, out = set(), []
     for p in s.forward + s.backward + [p for passes in s.loss.values() for p in passes]:
-        if p.kernel.kl is not None and p.kernel.name not in seen:
+        # (a WebGL2 routine's column-blocked draw, into or from the parts col0..7: its generic kernel is the plain
+        # forward's, printed reading X whole; a sample-blocked one's runs, writing the tensor whole, below)
+        laid_out = p.kernel.routine and p.wide is not None
+        if p.kernel.kl is not None and p.kernel.name not in seen and not laid_out:
             seen.add(p.kernel.name)
             out.append((p, plan))
     return out
@@ -277,7 +298,7 @@ console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 # what each model schedules among the kernels written in the kernel language (a family migrated to it joins here)
 EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward", "global_avgpool_grad",
                       "cross_entropy_grad", "cross_entropy_value", "log_softmax_forward", "maxpool_forward", "maxpool_grad", "conv_grad_bias", "dense_grad_bias",
-                      "samples_last"},
+                      "samples_last", "conv_forward", "conv_grad_input", "conv_grad_weight"},
             "tokens": {"matmul_forward", "matmul_grad_a", "matmul_grad_weight", "reduce_forward", "reduce_grad",
                        "softmax_forward", "softmax_grad", "grad_sum", "mse_grad", "mse_value"},
             "merges": {"concat_forward", "concat_grad", "flatten_forward", "flatten_grad", "conv_grad_bias",
@@ -291,7 +312,9 @@ EXPECTED = {"pools": {"avgpool_forward", "avgpool_grad", "global_avgpool_forward
             "classes": {"cross_entropy_stats", "cross_entropy_grad", "cross_entropy_value"},
             "elementwise": {"elementwise_forward", "elementwise_grad", "activation_grad"},
             "dense": {"dense_forward", "dense_reduce", "dense_grad_input", "dense_grad_weight", "dense_grad_bias",
-                      "interleave", "samples_last"}}
+                      "interleave", "samples_last"},
+            "convs": {"conv_forward", "conv_grad_input", "conv_grad_weight", "conv_transpose", "conv_grad_bias",
+                      "samples_last"}}
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -334,3 +357,32 @@ def test_dispatch_covers_large_outputs():
     for rows, width in [(1, 1), (3, 100), (70_000, 64), (4096, 4096)]:
         x, y = dispatch(rows, width)
         assert x <= 65535 and y <= 65535 and x * y * 64 >= rows * width > x * (y - 1) * 64
+
+
+def test_interleave_cols_wgsl(gpu_page):
+    """interleave_cols (ops/conv_kl.py), which only a column-blocked conv past layout.COLUMN_BLOCK_MIN_MACS schedules
+    (sums too long for the models above): 9 channel texels a position (halves of 5, the last one short), 23 positions
+    (a partial last block of 4), from 8 parts, as the JavaScript and numpy place them."""
+    from texelfit.codegen.ops.conv_kl import interleave_cols_kl
+    from texelfit.prep.layout import COLUMN_BLOCK, COLUMN_HALVES
+
+    b, nh, c4, ow, rows = COLUMN_BLOCK, COLUMN_HALVES, 9, 23, 3
+    qb, c4h = -(-ow // b), -(-c4 // nh)
+    k, names = interleave_cols_kl(b, nh), [f"T{t}" for t in range(b * nh)]
+    rng = np.random.default_rng(4)
+    y = rng.standard_normal((rows, ow * c4, 4)).astype(np.float32)
+    parts = [np.zeros((rows, c4h * qb, 4), np.float32) for _ in names]
+    for p in range(ow):
+        for j in range(c4):
+            g = j // c4h
+            parts[b * g + p % b][:, (j - g * c4h) * qb + p // b] = y[:, p * c4 + j]
+    width, uniforms = ow * c4, dict(UNIFORMS, u_c4=c4, u_qb=qb)
+    values = {"rows": rows, "width": width, **{f"w_{n}": c4h * qb for n in names}, **uniforms}
+    got = gpu_page.evaluate(RUN, {"code": wgsl(k, names, 1), "inputs": [d.reshape(-1).tolist() for d in parts],
+                                  "outputs": 1, "rows": rows, "width": width,
+                                  "fields": [[t, values[n]] for n, t in struct_fields(k, names)],
+                                  "grid": list(dispatch(rows, width))})
+    assert "error" not in got, got.get("error")
+    ref = _run_js(js(k, names, 1), k.symbols, parts, [c4h * qb] * len(names), 1, rows, width, uniforms)
+    np.testing.assert_array_equal(ref[0], y.reshape(-1))
+    np.testing.assert_array_equal(np.asarray(got["result"][0]), y.reshape(-1))

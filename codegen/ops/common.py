@@ -11,6 +11,7 @@ from texelfit.prep.elementwise import UNARY, X, const, derivatives_of, forward_o
 from .. import kl
 from ..expr import functions, to_kl
 from ..kernels import Kernel, Pass
+from .conv_kl import interleave_cols_kl
 
 
 def lanes(cols: int) -> dict:
@@ -114,14 +115,14 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
             k = kernel("forward", names, (), len(outputs), blocked=False, colblock=COLUMN_BLOCK, colin=colin,
                        halves=halves)
             if len(halves) < COLUMN_HALVES:
-                k = Kernel(f"{k.name} half {halves[0]}", k.template, k.inputs, k.outputs, k.uniforms, k.consts)
+                k = Kernel(f"{k.name} half {halves[0]}", k.template, k.inputs, k.outputs, k.uniforms, k.consts,
+                           kl=k.kl)
             return Pass(k, inputs, outputs, "batch", layer.name, blocked=one.blocked, wide=wide)
         forward[:1] = [columns(list(range(COLUMN_HALVES)), parts, True)] + \
             [columns([g], parts[COLUMN_BLOCK * g:COLUMN_BLOCK * (g + 1)], False) for g in range(COLUMN_HALVES)]
         if not plan.columns_only(y):
-            interleave = Kernel("interleave_cols", "interleave_cols.glsl.j2",
-                                tuple(f"T{k}" for k in range(COLUMN_PARTS)), uniforms=("u_c4", "u_qb"),
-                                consts={"block": COLUMN_BLOCK, "halves": COLUMN_HALVES})
+            interleave = Kernel("interleave_cols", "kl", tuple(f"T{k}" for k in range(COLUMN_PARTS)),
+                                uniforms=("u_c4", "u_qb"), kl=interleave_cols_kl(COLUMN_BLOCK, COLUMN_HALVES))
             forward.insert(1 + COLUMN_HALVES, Pass(interleave, parts, one.outputs, "batch", layer.name,
                                 {"u_c4": c["oc4"], "u_qb": ceil_div(c["ow"], COLUMN_BLOCK)}, blocked=one.blocked))
     backward = []

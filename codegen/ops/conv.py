@@ -9,7 +9,9 @@ backward       activation_grad    DY, Y          -> DZ       rows: batch   (only
                conv_grad_bias     DZ             -> db       rows: full
                conv_grad_input    DZ, W          -> dX       rows: batch   (when X needs a gradient)
 groups == 1 runs 4x4 channel blocks per fetch, depthwise convs 4 channels a fetch; other grouped
-convs run per lane.
+convs run per lane. Those GLSL templates are WebGL2 routines (Kernel.routine): beside each is its generic kernel in
+the kernel language (ops/conv_kl.py), which the CPU backend and WGSL run; interleave_cols is written in the language
+alone.
 A sample-blocked layer (layout.py: sample_blocked) also has blocked twins of forward and
 grad_input, conv_* blocked (8 samples a fragment, rows: blocks, into blk0..7:T) + interleave
 (-> T), and of its weight gradient (8 rows a fragment + interleave -> dW); they run from 8 samples
@@ -29,6 +31,7 @@ from .. import kl
 from ..kernels import Kernel
 from ..kl import COL, load, splat, uniform
 from .common import activation, lanes, weighted_passes
+from .conv_kl import forward_kl, grad_input_kl, grad_weight_kl
 
 
 def _consts(layer, graph):
@@ -70,9 +73,26 @@ def _grad_bias(c) -> Kernel:
     return grad_bias(c["oc"], c["oh"], c["ow"])
 
 
+def _generic(layer):
+    """The generic kernel (ops/conv_kl.py) beside each hand-written GLSL template of the layer, a WebGL2 routine
+    (Kernel.routine): what the CPU backend and WGSL run."""
+    def of(what: str, c: dict) -> kl.KernelDef:
+        if what == "forward":
+            return forward_kl(c, c["act"], layer.attrs.get("act_attrs", {}))
+        if what == "grad_weight":
+            return grad_weight_kl(c)
+        assert what == "grad_input" and not c.get("dact"), what  # (only a dense consumer fuses act': layout.py)
+        return grad_input_kl(c)
+    return of
+
+
+def _passes(layer, graph, plan):
+    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title, _grad_bias, generic_kl=_generic(layer))
+
+
 def forward(layer, graph, plan):
-    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title, _grad_bias)[0]
+    return _passes(layer, graph, plan)[0]
 
 
 def backward(layer, graph, plan):
-    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title, _grad_bias)[1]
+    return _passes(layer, graph, plan)[1]

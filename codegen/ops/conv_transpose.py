@@ -13,7 +13,8 @@ backward       activation_grad    DY, Y              -> DZ      rows: batch   (o
                conv_grad_input... conv_forward       DZ, W              -> dX      rows: batch   (C itself)
 
 The pads (the rows and columns cut from the full output) are C's pads; output_padding only makes the
-output larger, which C's output size absorbs. No sample-blocked twins (layout.py: sample_blocked).
+output larger, which C's output size absorbs. No sample-blocked twins (layout.py: sample_blocked). The GLSL templates are WebGL2 routines beside the generic
+kernels of ops/conv_kl.py (Kernel.routine), which the CPU backend and WGSL run.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from texelfit.prep.layout import ceil_div
 from ..kernels import Kernel, Pass
 from .common import activation_grad, fused_activation, grad_target, lanes, samples_last_pass
 from .conv import grad_bias
+from .conv_kl import forward_kl, grad_input_kl, grad_weight_kl
 
 
 def _as_conv(layer, graph) -> dict:
@@ -49,7 +51,8 @@ def forward(layer, graph, plan):
     act = fused_activation(layer.attrs.get("act", "none"), layer.attrs.get("act_attrs", {}))
     has_bias = "bias" in layer.params
     k = Kernel(_title(layer, graph, "forward"), "conv_transpose_forward.glsl.j2", ("DZ", "W") + (("B",) if has_bias else ()),
-               consts=dict(c, **act, transposed_forward=True, add_bias=has_bias))
+               consts=dict(c, **act, transposed_forward=True, add_bias=has_bias),
+               kl=grad_input_kl(c, has_bias, layer.attrs.get("act", "none"), layer.attrs.get("act_attrs", {})))
     inputs = [plan.tensor(layer.inputs[0]), "param:" + layer.params["weight"]]
     return [Pass(k, inputs + (["param:" + layer.params["bias"]] if has_bias else []), [plan.tensor(layer.outputs[0])],
                  "batch", layer.name)]
@@ -73,7 +76,8 @@ def backward(layer, graph, plan):
         out.append(samples_last_pass(plan, dz, "dzt:" + y, layer.name))
         nb4 = plan.textures["dzt:" + y].packing.c4
         out.append(Pass(Kernel(_title(layer, graph, "grad_weight"), "conv_grad_weight.glsl.j2", ("DZ", "XT"),
-                               uniforms=("u_batch", "u_loss_scale"), consts=dict(c, nb4=nb4)),
+                               uniforms=("u_batch", "u_loss_scale"), consts=dict(c, nb4=nb4),
+                               kl=grad_weight_kl(dict(c, nb4=nb4))),
                         [x, "dzt:" + y], ["pgrad:" + weight], "full", layer.name))
     bias = layer.params.get("bias")
     if bias and "pgrad:" + bias in plan.textures:
@@ -82,6 +86,7 @@ def backward(layer, graph, plan):
     target = grad_target(plan, layer, 0)
     if target:
         assert layer.inputs[0] not in plan.act_grad_fused  # only for a dense consumer (layout.py)
-        out.append(Pass(Kernel(_title(layer, graph, "grad_input"), "conv_forward.glsl.j2", ("X", "W"), consts=c),
+        out.append(Pass(Kernel(_title(layer, graph, "grad_input"), "conv_forward.glsl.j2", ("X", "W"), consts=c,
+                               kl=forward_kl(c)),
                         [dz, w], [target], "batch", layer.name))
     return out
