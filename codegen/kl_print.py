@@ -361,10 +361,8 @@ def js(k, inputs: list[str], outputs: int) -> str:
         pad = "  " * indent
         for s in body:
             kind = s[0]
-            if kind == "variant":  # run always (kl.py: KernelDef.variant)
-                lines.append(pad + f"{{ // {s[1]}")
-                block(s[2], indent + 1)
-                lines.append(pad + "}")
+            if kind == "variant":  # run always (kl.py: KernelDef.variant; a kernel's names are unique: no block)
+                block(s[2], indent)
                 continue
             if kind == "for":
                 statement(pad, lambda: f"for (let {s[1]} = {p.scalar(s[2])}; {s[1]} < {p.scalar(s[3])}; {s[1]}++) {{")

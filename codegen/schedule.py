@@ -154,7 +154,7 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                 generated[record["cpu"]] = fn
                 if g is not None:  # ... computed by its gradient's function first (runtime/cpu.js.j2: cpuOptimizer)
                     assert not k.kl.symbols, k.name  # (the update's consts are its gradient's)
-                    record["gradient"] = {"inputs": len(g.inputs), "template": g.template.removesuffix(".glsl.j2")}
+                    record["gradient"] = {"inputs": len(g.inputs)}
                     if g.kl is not None:  # printed, called with its consts (and a routine's blocking: cpuBlocked)
                         gfn = js(g.kl, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
                         record["gradient"]["cpu"] = source_id(gfn)[:10]
@@ -163,6 +163,7 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                         record["consts"].update({n: g.consts[n] for n in _LAID_OUT if n in g.consts and g.routine})
                         generated[record["gradient"]["cpu"]] = gfn
                     else:  # a template's CPU twin, with the template's constants
+                        record["gradient"]["template"] = g.template.removesuffix(".glsl.j2")
                         record["consts"] = _json_consts(g.consts)
             kernels.append(record)
         return index[sid]
