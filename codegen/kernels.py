@@ -52,8 +52,10 @@ class Kernel:
     # split-K, column-blocked), which WebGL2 runs; `kl` is the generic kernel of the same op, printed for every
     # other target (the CPU function, WGSL) and tested against the routine on the same inputs (Kernel.routine)
     kl: object = field(default=None, hash=False, compare=False)
-    # an optimizer's (ops/optim.py): the gradient kernel it includes, where that is written in the kernel language;
-    # its GLSL is printed as the function valueAt (kl_print.glsl(value=True)), its CPU function called by the twin
+    # an optimizer's (ops/optim.py; its `kl` reads kl.gradient()): the gradient kernel it includes. On WebGL2 its
+    # GLSL goes before main as the function valueAt: its template with `optimizer` set (a template or a routine), or
+    # printed from its `kl` (kl_print.glsl(value=True)); the CPU runs its function into a scratch texture first
+    # (codegen/schedule.py: serialize; runtime/cpu.js.j2: cpuOptimizer)
     gradient: Kernel | None = field(default=None, hash=False, compare=False)
 
     @property
@@ -113,11 +115,14 @@ def render_kernel(kernel: Kernel) -> str:
         from .kl_print import glsl
 
         body = glsl(kernel.kl)
+        g = kernel.gradient
+        if g is not None:  # an optimizer's gradient, valueAt, before its main (ops/optim.py)
+            if g.kl is not None and not g.routine:
+                body = glsl(g.kl, value=True) + body
+            else:  # a template (a routine's included so too), rendered with its constants
+                gctx = dict(g.consts, kernel=g, inputs=g.inputs, optimizer=True)
+                body = env.get_template("kernels/" + g.template).render(gctx) + body
     else:
-        if kernel.gradient is not None and not kernel.gradient.routine:  # (a routine's template is included)
-            from .kl_print import glsl
-
-            ctx["gradient_glsl"] = glsl(kernel.gradient.kl, value=True)
         body = env.get_template("kernels/" + kernel.template).render(ctx)
     return compact_glsl(env.get_template("kernels/prelude.glsl.j2").render(ctx, body=body))
 

@@ -20,7 +20,16 @@ with a float broadcasts), exp, log, sqrt, abs, maximum, minimum, comparisons (`a
 ints, floats, or 4-tuples read as vec4s), sign, pow_ (what prep/elementwise.py's expressions need), uints
 (`u32(v)`, `to_uint(i)`: + and * wrap, ^, >>), and
 `valid(cols, j)`: 1.0 in each lane of channel texel j that holds one of `cols` channels, 0.0 in padding lanes
-(`is_valid(cols, j)`: the same as a condition).
+(`is_valid(cols, j)`: the same as a condition), `mix(a, b, t)` (GLSL's: a * (1 - t) + b * t, a choice by a 0-or-1
+float without a branch).
+
+An optimizer (ops/optim.py) reads `gradient()`: the parameter's gradient at the output texel, computed by the
+gradient kernel its pass includes. GLSL prints it as valueAt(_p), the gradient kernel's function placed before main
+(codegen/kernels.py: render_kernel); JavaScript and WGSL as the texel of the output's coordinate in an input named G,
+a scratch texture the backend fills with the gradient kernel first (runtime/cpu.js.j2: cpuOptimizer). Statements in
+`with k.variant("NAME"):` run in the program compiled with NAME defined alone on WebGL2 (#ifdef NAME: fit's
+PROXIMAL variant, runtime/runner.js: variant); the other targets run them always, where they bind what makes them
+do nothing in a run without the variant (u_mu 0, the parameter itself as P0).
 
 Printers (codegen/kl_print.py) emit the body of `main()` in GLSL, where a vec4 is a vec4, and a JavaScript function
 over the CPU backend's textures, where a vec4 is four numbers (the printer writes each lane out: no arrays).
@@ -216,6 +225,20 @@ def select(cond: X, a, b) -> X:
     return X("select", (cond, a, b), type=t)
 
 
+def mix(a, b, t) -> X:
+    """a * (1 - t) + b * t (lane by lane; t a float or vec4): with t 0 or 1 exactly a or b, without a branch."""
+    a, b, t = lift(a), lift(b), lift(t)
+    ty = _arith_type("mix", a, b)
+    if ty not in ("float", "vec4") or t.type not in ("float", "vec4") or (t.type == "vec4" and ty != "vec4"):
+        raise TypeError(f"kl: mix of {a.type}, {b.type} by {t.type}")
+    return X("mix", (a, b, t), type=ty)
+
+
+def gradient() -> X:
+    """The parameter's gradient at the output texel, in an optimizer's kernel (ops/optim.py; see above)."""
+    return X("gradient", type="vec4")
+
+
 def dot(a: X, b: X) -> X:
     return X("dot", (a, b), type="float")
 
@@ -273,7 +296,7 @@ _JS_RESERVED = {"var", "let", "const", "new", "this", "function", "class", "in",
 
 class KernelDef:
     """A kernel's statements: ("let", name, expr), ("set", name, expr), ("for", name, start, stop, body),
-    ("if", cond, body), ("setlane", name, i, expr), ("out", i, expr). `inputs`: the textures it loads, in the order they are bound; `outputs`: how many it writes."""
+    ("if", cond, body), ("variant", name, body), ("setlane", name, i, expr), ("out", i, expr). `inputs`: the textures it loads, in the order they are bound; `outputs`: how many it writes."""
 
     def __init__(self):
         self._blocks: list[list] = [[]]
@@ -350,6 +373,17 @@ class KernelDef:
         yield
         body = self._blocks.pop()
         self._blocks[-1].append(("if", cond, body))
+
+    @contextmanager
+    def variant(self, name: str):
+        """The statements inside run in the program compiled with `name` defined (GLSL: #ifdef); the other targets
+        run them always (see the module's doc)."""
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            raise ValueError(f"kl: variant {name!r}")
+        self._blocks.append([])
+        yield
+        body = self._blocks.pop()
+        self._blocks[-1].append(("variant", name, body))
 
     def set_lane(self, v: X, i, e) -> None:
         """Lane i (an int expression) of vec4 variable v becomes the float e."""

@@ -111,6 +111,12 @@ def _glsl(e: X) -> str:
         return f"_valid{_const(e.args[1])}({a[0]})"
     if op == "isvalid":
         return f"greaterThan(_valid{_const(e.args[1])}({a[0]}), vec4(0.0))"
+    if op == "mix":
+        if e.type == "vec4":
+            a = [_vec(x, t) for x, t in zip(e.args[:2], a[:2])] + [a[2]]
+        return f"mix({', '.join(a)})"
+    if op == "gradient":  # the gradient kernel's function, before main (codegen/kernels.py: render_kernel)
+        return "valueAt(_p)"
     raise AssertionError(f"kl glsl: {op}")
 
 
@@ -128,7 +134,7 @@ def _glsl_value(type_: str, v) -> str:
 
 def glsl(k, value: bool = False) -> str:
     """The body of main(); with `value`, the function vec4 valueAt(ivec2 _p) returning the texel out0 would be:
-    how an optimizer includes its parameter's gradient kernel (ops/optim.py; kernels/sgd.glsl.j2)."""
+    how an optimizer includes its parameter's gradient kernel (ops/optim.py; codegen/kernels.py: render_kernel)."""
     assert not value or k.written == {0}, "kl: a value function has one output"
     helpers, need = helper_functions(
         "float _hmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }",
@@ -140,7 +146,8 @@ def glsl(k, value: bool = False) -> str:
         "let": lambda name, type_, e: f"{_GLSL_TYPE[type_]} {name} = {e};",
         "set": lambda name, e: f"{name} = {e};",
         "setlane": lambda name, i, e: f"{name}[{i}] = {e};",
-        "out": lambda i, e: f"_value = {e};" if value else f"out{i} = {e};"})
+        "out": lambda i, e: f"_value = {e};" if value else f"out{i} = {e};",
+        "variant": lambda name: (f"#ifdef {name}", "#endif")})  # (a directive's line: compact_glsl keeps it)
     if value:
         return "\n".join([*sorted(helpers.values()), "vec4 valueAt(ivec2 _p) {", "  vec4 _value;", *lines,
                           "  return _value;", "}"]) + "\n"
@@ -173,13 +180,17 @@ def c_like_block(body, indent: int, expr, need, form: dict) -> list[str]:
     """The lines of statements `body` in a language with C's blocks (GLSL, WGSL): `expr` prints an expression,
     `need(e)` is told of every expression printed (for the helper functions it calls), and `form` spells each
     statement: for(i, start, stop) (the loop's head), let(name, type, e), set(name, e), setlane(name, i, e),
-    out(i, e)."""
+    out(i, e), variant(name) (the lines opening and closing a KernelDef.variant block)."""
     lines: list[str] = []
     pad = "  " * indent
     for s in body:
         kind = s[0]
-        for e in {"for": s[2:4], "if": s[1:2], "setlane": s[2:4]}.get(kind, s[2:3]):
+        for e in {"for": s[2:4], "if": s[1:2], "setlane": s[2:4], "variant": ()}.get(kind, s[2:3]):
             need(e)
+        if kind == "variant":
+            head, tail = form["variant"](s[1])
+            lines += [pad + head, *c_like_block(s[2], indent + 1, expr, need, form), pad + tail]
+            continue
         if kind == "for":
             lines.append(pad + form["for"](s[1], expr(s[2]), expr(s[3])))
         elif kind == "if":
@@ -218,6 +229,7 @@ class _JS:
         self.count = 0
         self.arrays: list[str] = []  # vec4 variables and scratch vectors, allocated once a call
         self.symbols: set[str] = set()  # the shape constants read (c.NAME)
+        self.gradient = False  # whether it reads gradient() (from the input G)
 
     def fresh(self, prefix: str) -> str:
         self.count += 1
@@ -263,6 +275,9 @@ class _JS:
             return f"({v}[0] + {v}[1] + {v}[2] + {v}[3])"
         if op == "float_of":
             return self.scalar(e.args[0])
+        if op == "mix":
+            a, b, t = (self.scalar(x) for x in e.args)
+            return f"({a} * (1 - {t}) + {b} * {t})"
         if op == "int_of":
             return f"Math.trunc({self.scalar(e.args[0])})"
         return self._op(e, [self.scalar(x) for x in e.args])
@@ -319,6 +334,12 @@ class _JS:
             return f"c.{e.value[0]}[{self.lanewise(e.args[0])}][l]"
         if op == "vec4_of":
             return f"{self.vec(e)}[l]"
+        if op == "gradient":  # the scratch gradient (an input G of the output's shape: cpu.js.j2, cpuOptimizer)
+            self.gradient = True
+            return "G.data[o + l]"
+        if op == "mix":
+            a, b, t = (self.lanewise(x) for x in e.args)
+            return f"({a} * (1 - {t}) + {b} * {t})"
         if op in ("valid", "isvalid"):  # lane l of texel j holds channel 4 j + l
             held = f"({self.lanewise(e.args[0])} * 4 + l < {self.lanewise(e.args[1])})"
             return held if op == "isvalid" else f"({held} ? 1 : 0)"
@@ -340,6 +361,9 @@ def js(k, inputs: list[str], outputs: int) -> str:
         pad = "  " * indent
         for s in body:
             kind = s[0]
+            if kind == "variant":  # run always (kl.py: KernelDef.variant; a kernel's names are unique: no block)
+                block(s[2], indent)
+                continue
             if kind == "for":
                 statement(pad, lambda: f"for (let {s[1]} = {p.scalar(s[2])}; {s[1]} < {p.scalar(s[3])}; {s[1]}++) {{")
             elif kind == "if":
@@ -358,6 +382,7 @@ def js(k, inputs: list[str], outputs: int) -> str:
                 lines.append(pad + "}")
 
     block(k.body, 3)
+    assert not p.gradient or "G" in inputs, "kl js: gradient() reads an input G"
     outs = ", ".join(f"out{i}" for i in range(outputs))
     head = [f"(c, [{', '.join(inputs)}], [{outs}], u, rows) => {{",
             *(f"  const {a} = new Float64Array(4);" for a in p.arrays),

@@ -105,6 +105,12 @@ def _w(e: X) -> str:
         if e.type == "vec4":
             a = [_vec(x, t) for x, t in zip(e.args, a)]
         return f"pow({a[0]}, {a[1]})"
+    if op == "mix":  # mix(vec4, vec4, f32) or of one type
+        if e.type == "vec4":
+            a = [_vec(x, t) for x, t in zip(e.args[:2], a[:2])] + [a[2]]
+        return f"mix({', '.join(a)})"
+    if op == "gradient":  # an optimizer's gradient: input G, of the output's shape (kl.py: gradient)
+        return "G[_i]"
     if op == "hmax":
         return f"_hmax({a[0]})"
     if op == "hsum":
@@ -166,7 +172,8 @@ def wgsl(k, inputs: list[str], outputs: int) -> str:
         "let": lambda name, type_, e: f"var {v(name)}: {_TYPE[type_]} = {e};",
         "set": lambda name, e: f"{v(name)} = {e};",
         "setlane": lambda name, i, e: f"{v(name)}[{i}] = {e};",
-        "out": lambda i, e: f"out{i}[_i] = {e};"})
+        "out": lambda i, e: f"out{i}[_i] = {e};",
+        "variant": lambda name: (f"{{ // {name}: run always (kl.py: KernelDef.variant)", "}")})
     fields = struct_fields(k, inputs)
     decl = [f"@group(0) @binding({i}) var<storage, read> {n}: array<vec4<f32>>;" for i, n in enumerate(inputs)]
     decl += [f"@group(0) @binding({len(inputs) + i}) var<storage, read_write> out{i}: array<vec4<f32>>;"

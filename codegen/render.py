@@ -156,7 +156,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "kernels_json": _js_json(kernels),
         "elementwise": elementwise,
         # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
-        "cpu_kernels": sorted({k["template"] for k in kernels if "cpu" not in k} - {"kl"}),
+        # (and those of an optimizer's gradient kernel that is a template alone: runtime/cpu.js.j2, cpuOptimizer)
+        "cpu_kernels": sorted(({k["template"] for k in kernels if "cpu" not in k} - {"kl"})
+                              | {k["gradient"]["template"] for k in kernels if "cpu" not in k.get("gradient", {"cpu": 0})}),
         # a column-blocked conv forward (layout.column_blocked): the CPU deals its generic kernel out (cpuColumns)
         "cpu_columns": any(k["consts"].get("colblock") for k in kernels),
         "has_dropout": bool(model.get("dropout")),  # dropout layers: bundle.js.j2 adds dropout.js (each step's masks)

@@ -144,7 +144,9 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                       "outputs": k.outputs, "uniforms": list(k.uniforms),
                       "template": k.template.removesuffix(".glsl.j2"), "consts": _json_consts(k.consts)}
             if k.kl is not None:  # its shape constants are the function's consts (one function a structure)
-                fn = js(k.kl, _generic_inputs(k), len(k.kl.written) if k.routine else k.outputs)
+                g = k.gradient  # an optimizer's gradient kernel (ops/optim.py): the update reads its output as G
+                fn = js(k.kl, (["G"] + list(k.inputs[len(g.inputs):])) if g else _generic_inputs(k),
+                        len(k.kl.written) if k.routine else k.outputs)
                 record["cpu"] = source_id(fn)[:10]
                 record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
                 # a routine's sample blocking (layout.py): the CPU computes the generic kernel, then deals it out
@@ -152,14 +154,19 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                 if k.routine and k.consts.get("colblock"):  # (and the shapes cpuColumns deals it out by)
                     record["consts"].update({n: k.consts[n] for n in _COLUMN_SHAPE})
                 generated[record["cpu"]] = fn
-            if k.gradient is not None:  # an optimizer's gradient (ops/optim.py): its function, called with its consts
-                g = k.gradient  # (a routine's template constants are the optimizer's too: the same values)
-                assert all(k.consts[n] == v for n, v in g.kl.symbols.items() if n in k.consts and g.routine), k.name
-                assert g.routine or not set(g.kl.symbols) & set(k.consts), (k.name, g.kl.symbols)
-                fn = js(g.kl, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
-                record["consts"]["gradient_cpu"] = source_id(fn)[:10]
-                record["consts"].update({n: v for n, v in sorted(g.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)})
-                generated[record["consts"]["gradient_cpu"]] = fn
+                if g is not None:  # ... computed by its gradient's function first (runtime/cpu.js.j2: cpuOptimizer)
+                    assert not k.kl.symbols, k.name  # (the update's consts are its gradient's)
+                    record["gradient"] = {"inputs": len(g.inputs)}
+                    if g.kl is not None:  # printed, called with its consts (and a routine's blocking: cpuBlocked)
+                        gfn = js(g.kl, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
+                        record["gradient"]["cpu"] = source_id(gfn)[:10]
+                        record["consts"] = {n: v for n, v in sorted(g.kl.symbols.items())
+                                            if re.search(rf"\bc\.{n}\b", gfn)}
+                        record["consts"].update({n: g.consts[n] for n in _LAID_OUT if n in g.consts and g.routine})
+                        generated[record["gradient"]["cpu"]] = gfn
+                    else:  # a template's CPU twin, with the template's constants
+                        record["gradient"]["template"] = g.template.removesuffix(".glsl.j2")
+                        record["consts"] = _json_consts(g.consts)
             kernels.append(record)
         return index[sid]
 

@@ -134,7 +134,10 @@ def test_shipped_runtime_is_compact(factory, shape):
     the public methods delegate to functions of a private state, fromImages' stub and info's inputs come from
     no_images.js and inputs_single.js) 0.42 KB (37,228 -> 37,645 bytes): the budget is raised by that, to 37,900;
     the bias gradients, grad_sum, resample, gather and dropout printed too (an optimizer calling its gradient's
-    printed function): +17 bytes. The opening comment and each shader's kernel-name line stay."""
+    printed function): +17 bytes; the optimizers printed from the kernel language (SGD, sgd0 and Adam: three
+    generated CPU functions, 2.37 KB of CPU_GENERATED gzipped against 1.92 KB, in place of the twins sgd, adam and
+    cpuGradientAndState, 0.40 KB of CPU_KERNELS), +149 bytes (37,874 -> 38,023): the budget is raised by that, to
+    38,030. The opening comment and each shader's kernel-name line stay."""
     import gzip
 
     js = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=64).files["m.js"]
@@ -144,7 +147,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_900
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 38_030
 
 
 def test_compact_js_keeps_strings_and_template_literals():

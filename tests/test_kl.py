@@ -356,3 +356,116 @@ def test_elementwise_expressions_in_the_language(op, attrs, ref):
     assert "x1 = vec4(getB(_p.y, 0)[0]);" in src, src
     if op == "erf":
         assert "erf" not in src and "sign(x0)" in src  # the expansion (expr.py: KL_REWRITES)
+
+
+# ---- optimizers (ops/optim.py): the printed update against torch.optim, two steps (the first with its momentum) ----
+
+def _run_update(k, inputs: dict[str, np.ndarray], outputs: int, u: dict) -> list[np.ndarray]:
+    """The printed update run in node over [rows, width, 4] float32 textures: its gradient comes in as input G."""
+    fn = js(k, list(inputs), outputs)
+    tex = {n: a.reshape(-1).tolist() for n, a in inputs.items()}
+    rows, width = next(iter(inputs.values())).shape[:2]
+    script = f"""
+const fn = {fn};
+const t = {json.dumps(tex)};
+const ins = Object.keys(t).map((n) => ({{ width: {width}, data: Float32Array.from(t[n]) }}));
+const outs = Array.from({{ length: {outputs} }}, () => ({{ width: {width}, data: new Float32Array({rows * width * 4}) }}));
+fn({{}}, ins, outs, {json.dumps(u)}, {rows});
+console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
+"""
+    got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
+    return [np.array(o, dtype=np.float64).reshape(rows, width, 4) for o in json.loads(got)]
+
+
+_SGD_CASES = {"plain": dict(lr=0.1), "weight_decay": dict(lr=0.1, weight_decay=0.05),
+              "momentum": dict(lr=0.05, momentum=0.9), "dampening": dict(lr=0.05, momentum=0.9, dampening=0.3),
+              "nesterov": dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=1e-2)}
+_ADAM_CASES = {"adam": ("Adam", dict(lr=1e-2, weight_decay=1e-2)),
+               "adam_betas": ("Adam", dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-6)),
+               "adamw": ("AdamW", dict(lr=1e-2, weight_decay=0.1))}
+
+
+def _torch_steps(make, p0: np.ndarray, grads: list[np.ndarray], mu: float) -> tuple[list[np.ndarray], object]:
+    """The parameter after each step of torch optimizer make([w]) from p0, the gradient of step i grads[i] plus
+    the proximal term's mu * (w - p0) (fit's `proximal`: mu / 2 * ||w - w_start||^2 added to the loss)."""
+    import torch
+
+    w = torch.nn.Parameter(torch.tensor(p0, dtype=torch.float64))
+    opt, anchor, out = make([w]), torch.tensor(p0, dtype=torch.float64), []
+    for g in grads:
+        w.grad = torch.tensor(g, dtype=torch.float64) + mu * (w.detach() - anchor)
+        opt.step()
+        out.append(w.detach().numpy().copy())
+    return out, opt.state[w]
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.7])
+@pytest.mark.parametrize("case", sorted(_SGD_CASES))
+def test_sgd_printed_as_javascript(case, mu):
+    import torch
+
+    from codegen.ops.optim import sgd_kl
+
+    cfg = _SGD_CASES[case]
+    rng = np.random.default_rng(len(case))
+    shape = (3, 5, 4)  # rows, texels, lanes
+    p0 = rng.standard_normal(shape).astype(np.float32)
+    grads = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    ref, state = _torch_steps(lambda ps: torch.optim.SGD(ps, **cfg), p0, grads, mu)
+    momentum = cfg.get("momentum", 0.0)
+    k = sgd_kl(stateless=momentum == 0)
+    u = {"u_lr": cfg["lr"], "u_wd": cfg.get("weight_decay", 0.0), "u_mu": mu, "u_momentum": momentum,
+         "u_dampening": cfg.get("dampening", 0.0), "u_nesterov": 1.0 if cfg.get("nesterov") else 0.0}
+    p, m = p0, np.zeros(shape, np.float32)
+    for i, g in enumerate(grads):
+        ins = {"G": g, "P0": p0, "P": p} | ({} if momentum == 0 else {"M": m})
+        outs = _run_update(k, ins, 1 if momentum == 0 else 2, u | {"u_first": 1.0 if i == 0 else 0.0})
+        np.testing.assert_allclose(outs[0], ref[i], rtol=1e-5, atol=1e-6, err_msg=f"step {i}")
+        p = outs[0].astype(np.float32)
+        if momentum:
+            m = outs[1].astype(np.float32)
+    if momentum:
+        np.testing.assert_allclose(m, state["momentum_buffer"].numpy(), rtol=1e-5, atol=1e-6)
+    else:
+        assert "momentum_buffer" not in state or state["momentum_buffer"] is None
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.7])
+@pytest.mark.parametrize("case", sorted(_ADAM_CASES))
+def test_adam_printed_as_javascript(case, mu):
+    import torch
+
+    from codegen.ops.optim import adam_kl
+
+    name, cfg = _ADAM_CASES[case]
+    cls = getattr(torch.optim, name)
+    rng = np.random.default_rng(len(case) + 7)
+    shape = (2, 3, 4)
+    p0 = rng.standard_normal(shape).astype(np.float32)
+    grads = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    ref, state = _torch_steps(lambda ps: cls(ps, **cfg), p0, grads, mu)
+    b1, b2 = cfg.get("betas", (0.9, 0.999))
+    wd = cfg.get("weight_decay", 1e-2 if cls is torch.optim.AdamW else 0.0)
+    p, m, v = p0, np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    for t, g in enumerate(grads, 1):  # (runtime/optimizer.js: the step's uniforms)
+        u = {"u_lr": cfg["lr"], "u_wd": wd, "u_mu": mu, "u_decoupled": 1.0 if cls is torch.optim.AdamW else 0.0,
+             "u_beta1": b1, "u_beta2": b2, "u_eps": cfg.get("eps", 1e-8), "u_step_size": cfg["lr"] / (1 - b1 ** t),
+             "u_bc2_sqrt": math.sqrt(1 - b2 ** t)}
+        p, m, v = (o.astype(np.float32) for o in _run_update(adam_kl(), {"G": g, "P0": p0, "P": p, "M": m, "V": v}, 3, u))
+        np.testing.assert_allclose(p, ref[t - 1], rtol=1e-5, atol=1e-6, err_msg=f"step {t}")
+    np.testing.assert_allclose(m, state["exp_avg"].numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(v, state["exp_avg_sq"].numpy(), rtol=1e-5, atol=1e-8)
+
+
+def test_optimizer_glsl_reads_the_gradient_function_and_p0_only_in_the_proximal_variant():
+    """WebGL2: the gradient is valueAt(_p), the included gradient kernel's function (one pass, no texture of the
+    gradient), and P0 is read only under #ifdef PROXIMAL (the plain program leaves it unread)."""
+    from codegen.ops.optim import adam_kl, sgd_kl
+
+    for k in (sgd_kl(True), sgd_kl(False), adam_kl()):
+        src = glsl(k)
+        assert "valueAt(_p)" in src and "getG" not in src
+        head, rest = src.split("#ifdef PROXIMAL\n")
+        variant, tail = rest.split("#endif\n")
+        assert "getP0" not in head + tail and "getP0" in variant and "u_mu" not in head + tail
+        assert "?" not in src and "if (" not in src, "u_first, u_nesterov, u_decoupled choose without a branch"

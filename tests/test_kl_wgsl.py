@@ -386,3 +386,35 @@ def test_interleave_cols_wgsl(gpu_page):
     ref = _run_js(js(k, names, 1), k.symbols, parts, [c4h * qb] * len(names), 1, rows, width, uniforms)
     np.testing.assert_array_equal(ref[0], y.reshape(-1))
     np.testing.assert_array_equal(np.asarray(got["result"][0]), y.reshape(-1))
+
+
+# the optimizers (ops/optim.py): their update as WGSL, the gradient an input G (kl.py: gradient) as on the CPU, the
+# proximal variant computed always (u_mu and P0 bound as the CPU binds them), against the printed JavaScript
+_OPT_UNIFORMS = {"u_lr": 0.05, "u_wd": 0.01, "u_mu": 0.7, "u_momentum": 0.9, "u_dampening": 0.3, "u_nesterov": 1.0,
+                 "u_first": 0.0, "u_decoupled": 0.0, "u_beta1": 0.9, "u_beta2": 0.99, "u_eps": 1e-6,
+                 "u_step_size": 0.05 / (1 - 0.9 ** 3), "u_bc2_sqrt": (1 - 0.99 ** 3) ** 0.5}
+
+
+@pytest.mark.parametrize("opt", ["sgd0", "sgd", "sgd_first", "adam", "adamw"])
+def test_wgsl_optimizers_compute_what_the_cpu_updates_compute(gpu_page, opt):
+    from test_kl import _run_update
+
+    from texelfit.codegen.ops.optim import adam_kl, sgd_kl
+
+    k = adam_kl() if opt.startswith("adam") else sgd_kl(opt == "sgd0")
+    names = ["G", "P0", "P", "M", "V"][: 3 + len(k.written) - 1]
+    u = _OPT_UNIFORMS | {"u_decoupled": float(opt == "adamw"), "u_first": float(opt == "sgd_first")}
+    rows, width = 3, 70  # (more texels than a workgroup)
+    rng = np.random.default_rng(5)
+    data = [rng.standard_normal((rows, width, 4)).astype(np.float32) for _ in names]
+    data[-1] = np.abs(data[-1]) if opt.startswith("adam") else data[-1]  # Adam's V: a sum of squares
+    fields = struct_fields(k, names)
+    values = {"rows": rows, "width": width, **{f"w_{n}": width for n in names}, **u}
+    code = wgsl(k, names, len(k.written))
+    got = gpu_page.evaluate(RUN, {"code": code, "inputs": [d.reshape(-1).tolist() for d in data],
+                                  "outputs": len(k.written), "rows": rows, "width": width,
+                                  "fields": [[t, values[n]] for n, t in fields], "grid": list(dispatch(rows, width))})
+    assert "error" not in got, f"{opt}: {got.get('error')}\n{code}"
+    ref = _run_update(k, dict(zip(names, data)), len(k.written), u)
+    for i, (g, r) in enumerate(zip(got["result"], ref)):
+        np.testing.assert_allclose(np.asarray(g), r.reshape(-1), rtol=2e-5, atol=2e-6, err_msg=f"{opt} out{i}")
