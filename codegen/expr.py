@@ -1,17 +1,15 @@
-"""Renderers of elementwise expressions (prep/elementwise.py): one table per language.
+"""Elementwise expressions (prep/elementwise.py) for the kernels.
 
-    glsl(e)   GLSL ES 3.00 over vec4 values (a texel: 4 lanes at once); operands are x0, x1, ..., the
-              output y
-    js(e)     JavaScript over numbers (one lane; the CPU backend, runtime/cpu.js.j2); the same names
+    to_kl(e, operands)  the expression over kernel-language values (codegen/kl.py), which every target prints:
+                        how the elementwise kernels and every generic kernel's fused activation are written
+    glsl(e)             GLSL ES 3.00 over vec4 values (a texel: 4 lanes at once; operands x0, x1, ..., the output
+                        y), for the fused activation of the WebGL2 routines' templates (kernels/activation.glsl.j2)
 
-A table maps a node kind to a snippet with {0}, {1}, ... for its rendered arguments, or to a
-function of the node for the few that need more (a constant, pow). A target without a primitive
-rewrites the node into others before printing (`REWRITES`: erf for both, tanh for GLSL), so the
-printers stay tables. A WGSL renderer is one more table.
+The GLSL table maps a node kind to a snippet with {0}, {1}, ... for its rendered arguments, or to a function of the
+node for the few that need more (a constant, pow). A target without a primitive rewrites the node into others
+before printing (`REWRITES`, `KL_REWRITES`: erf, tanh), so the printers stay tables.
 """
 from __future__ import annotations
-
-import hashlib
 
 from texelfit.prep.elementwise import E, abs_, erf_expansion, exp, sign
 
@@ -52,26 +50,7 @@ GLSL = {
 }
 
 
-def _js_const(v: float) -> str:
-    r = repr(float(v))
-    return {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}.get(r, r)
-
-
-JS = {
-    "arg": lambda e, r: f"x{e.value}",
-    "out": lambda e, r: "y",
-    "const": lambda e, r: f"({_js_const(e.value)})",
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
-    "exp": "Math.exp({0})", "log": "Math.log({0})", "sqrt": "Math.sqrt({0})", "abs": "Math.abs({0})",
-    "sign": "Math.sign({0})", "tanh": "Math.tanh({0})",
-    "max": "Math.max({0}, {1})", "min": "Math.min({0}, {1})",
-    "sigmoid": "(1 / (1 + Math.exp(-{0})))",
-    "where": "({0} ? {1} : {2})",
-    "gt": "({0} > {1})", "lt": "({0} < {1})", "ge": "({0} >= {1})", "le": "({0} <= {1})",
-    "pow": "Math.pow({0}, {1})",
-}
-
-REWRITES = {"glsl": {"erf": erf_expansion, "tanh": _tanh_expansion}, "js": {"erf": erf_expansion}}
+REWRITES = {"glsl": {"erf": erf_expansion, "tanh": _tanh_expansion}}
 
 
 def _printer(table: dict, rewrites: dict):
@@ -86,18 +65,12 @@ def _printer(table: dict, rewrites: dict):
 
 
 glsl = _printer(GLSL, REWRITES["glsl"])
-js = _printer(JS, REWRITES["js"])
 
 
-def functions(f, ds, arity: int) -> dict:
-    """Kernel constants naming the rendered expressions: `fn` keys the JavaScript twins of f and each d
-    (runtime/cpu.js.j2: ELEMENTWISE), `js_*` hold their source (gathered into the bundle by
-    codegen/schedule.py, not shipped per kernel), `glsl_*` the GLSL."""
-    js_f, js_d = js(f), [js(d) for d in ds]
-    args = ", ".join([f"x{i}" for i in range(arity)] + ["y"])
-    fn = hashlib.sha256("\n".join([args, js_f] + js_d).encode()).hexdigest()[:10]
-    return {"fn": fn, "js_args": args, "js_f": js_f, "js_d": js_d,
-            "glsl_f": glsl(f), "glsl_d": [glsl(d) for d in ds]}
+def functions(f, ds) -> dict:
+    """Kernel constants holding the GLSL of an expression and its derivatives (`glsl_*`), for a WebGL2 routine's fused
+    activation (kernels/activation.glsl.j2); the other targets print the routine's generic kernel (to_kl below)."""
+    return {"glsl_f": glsl(f), "glsl_d": [glsl(d) for d in ds]}
 
 
 # ---- the kernel language (codegen/kl.py): an expression as X nodes over the operands' values ----

@@ -78,7 +78,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         memory = plan_memory(plan, storage, output=plan.tensor(graph.output),
                              inputs=[plan.tensor(t) for t in graph.inputs], parameters=graph.parameter_count(),
                              trains=bool(graph.trainable_params()))
-    kernels, sched, elementwise, generated = serialize(schedule, list(plan.textures))
+    kernels, sched, generated = serialize(schedule, list(plan.textures))
     if weights is None:
         weights = quantize(graph, "none")
     assert [t.name for t in weights.tensors] == list(graph.params), "the blob must hold the graph's params in order"
@@ -154,11 +154,6 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "model_json": _js_json(model),
         "textures_json": _js_json(textures),
         "kernels_json": _js_json(kernels),
-        "elementwise": elementwise,
-        # the kernel templates the schedule uses: the bundle ships the CPU twins of these alone
-        # (and those of an optimizer's gradient kernel that is a template alone: runtime/cpu.js.j2, cpuOptimizer)
-        "cpu_kernels": sorted(({k["template"] for k in kernels if "cpu" not in k} - {"kl"})
-                              | {k["gradient"]["template"] for k in kernels if "cpu" not in k.get("gradient", {"cpu": 0})}),
         # a column-blocked conv forward (layout.column_blocked): the CPU deals its generic kernel out (cpuColumns)
         "cpu_columns": any(k["consts"].get("colblock") for k in kernels),
         "has_dropout": bool(model.get("dropout")),  # dropout layers: bundle.js.j2 adds dropout.js (each step's masks)

@@ -118,55 +118,45 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
 MAX_INPUTS = 15
 
 
-def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict, list[dict], list[dict]]:
+def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict, list[dict]]:
     """Kernels deduplicated by source hash, and the schedule referring to them by index, and to
     the textures by their index in `textures` (the bundle's TEXTURES: names are long, and every
-    pass lists several); the JavaScript twins of the elementwise expressions the kernels use
-    (ops/elementwise.py: functions), once each, for the bundle's ELEMENTWISE table; and the CPU functions
-    printed from the kernels written in the kernel language (codegen/kl_print.py), once each, for CPU_GENERATED."""
+    pass lists several); and the CPU functions printed from the kernels (codegen/kl_print.py), once each, for
+    CPU_GENERATED."""
     kernels: list[dict] = []
     index: dict[str, int] = {}
     tex = {name: i for i, name in enumerate(textures)}
-    functions: dict[str, dict] = {}
     generated: dict[str, str] = {}
 
     def kernel_ref(k: Kernel) -> int:
         src = render_kernel(k)
         sid = source_id(src)
-        if "fn" in k.consts:
-            functions.setdefault(k.consts["fn"], {"id": k.consts["fn"], "args": k.consts["js_args"],
-                                                  "f": k.consts["js_f"], "d": k.consts["js_d"]})
         if sid not in index:
             index[sid] = len(kernels)
-            # template and consts let the CPU backend run the same kernel (runtime/cpu.js.j2); a kernel of the
-            # kernel language runs its printed function instead (`cpu`: its key in CPU_GENERATED)
+            # every kernel is written in the kernel language (a WebGL2 routine beside its generic one): the CPU backend
+            # runs its printed function (`cpu`: its key in CPU_GENERATED), whose shape constants are its consts (one
+            # function a structure); the template names the routine's GLSL
+            assert k.kl is not None, f"kernel {k.name!r} has no generic kernel (Kernel.kl) for the CPU and WGSL"
             record = {"name": k.name, "source": src, "inputs": list(k.inputs),
                       "outputs": k.outputs, "uniforms": list(k.uniforms),
-                      "template": k.template.removesuffix(".glsl.j2"), "consts": _json_consts(k.consts)}
-            if k.kl is not None:  # its shape constants are the function's consts (one function a structure)
-                g = k.gradient  # an optimizer's gradient kernel (ops/optim.py): the update reads its output as G
-                fn = js(k.kl, (["G"] + list(k.inputs[len(g.inputs):])) if g else _generic_inputs(k),
-                        len(k.kl.written) if k.routine else k.outputs)
-                record["cpu"] = source_id(fn)[:10]
-                record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
-                # a routine's sample blocking (layout.py): the CPU computes the generic kernel, then deals it out
-                record["consts"].update({n: k.consts[n] for n in _LAID_OUT if n in k.consts and k.routine})
-                if k.routine and k.consts.get("colblock"):  # (and the shapes cpuColumns deals it out by)
-                    record["consts"].update({n: k.consts[n] for n in _COLUMN_SHAPE})
-                generated[record["cpu"]] = fn
-                if g is not None:  # ... computed by its gradient's function first (runtime/cpu.js.j2: cpuOptimizer)
-                    assert not k.kl.symbols, k.name  # (the update's consts are its gradient's)
-                    record["gradient"] = {"inputs": len(g.inputs)}
-                    if g.kl is not None:  # printed, called with its consts (and a routine's blocking: cpuBlocked)
-                        gfn = js(g.kl, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
-                        record["gradient"]["cpu"] = source_id(gfn)[:10]
-                        record["consts"] = {n: v for n, v in sorted(g.kl.symbols.items())
-                                            if re.search(rf"\bc\.{n}\b", gfn)}
-                        record["consts"].update({n: g.consts[n] for n in _LAID_OUT if n in g.consts and g.routine})
-                        generated[record["gradient"]["cpu"]] = gfn
-                    else:  # a template's CPU twin, with the template's constants
-                        record["gradient"]["template"] = g.template.removesuffix(".glsl.j2")
-                        record["consts"] = _json_consts(g.consts)
+                      "template": k.template.removesuffix(".glsl.j2")}
+            g = k.gradient  # an optimizer's gradient kernel (ops/optim.py): the update reads its output as G
+            fn = js(k.kl, (["G"] + list(k.inputs[len(g.inputs):])) if g else _generic_inputs(k),
+                    len(k.kl.written) if k.routine else k.outputs)
+            record["cpu"] = source_id(fn)[:10]
+            record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
+            # a routine's sample blocking (webgl2/blocking.py): the CPU computes the generic kernel, then deals it out
+            record["consts"].update({n: k.consts[n] for n in _LAID_OUT if n in k.consts and k.routine})
+            if k.routine and k.consts.get("colblock"):  # (and the shapes cpuColumns deals it out by)
+                record["consts"].update({n: k.consts[n] for n in _COLUMN_SHAPE})
+            generated[record["cpu"]] = fn
+            if g is not None:  # ... computed by its gradient's function first (runtime/cpu.js.j2: cpuOptimizer)
+                assert not k.kl.symbols and g.kl is not None, k.name  # (the update's consts are its gradient's)
+                gfn = js(g.kl, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
+                record["gradient"] = {"inputs": len(g.inputs), "cpu": source_id(gfn)[:10]}
+                record["consts"] = {n: v for n, v in sorted(g.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", gfn)}
+                record["consts"].update({n: g.consts[n] for n in _LAID_OUT if n in g.consts and g.routine})
+                generated[record["gradient"]["cpu"]] = gfn
             kernels.append(record)
         return index[sid]
 
@@ -186,8 +176,7 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
         "trainBackward": schedule.train_backward,
         "trunkPasses": schedule.trunk_passes,
     }
-    return kernels, data, sorted(functions.values(), key=lambda f: f["id"]), \
-        [{"id": i, "fn": f} for i, f in sorted(generated.items())]
+    return kernels, data, [{"id": i, "fn": f} for i, f in sorted(generated.items())]
 
 
 # the constants of a routine's blocked output (runtime/cpu.js.j2: cpuBlocked, cpuColumns), kept beside its generic
@@ -204,12 +193,6 @@ def _generic_inputs(k: Kernel) -> list[str]:
         parts = sum(1 for n in names if re.fullmatch(r"X[0-9]+", n))
         names = ["X"] + names[parts:]
     return names
-
-
-def _json_consts(consts: dict) -> dict:
-    """The kernel's constants as plain JSON values (GLSL-formatted floats stay strings), without the
-    rendered expressions (glsl_* are in the source, js_* in the ELEMENTWISE table)."""
-    return {k: v for k, v in sorted(consts.items()) if k != "kernel" and not k.startswith(("glsl_", "js_"))}
 
 
 __all__ = ["Pass", "Schedule", "build_schedule", "serialize"]

@@ -137,7 +137,10 @@ def test_shipped_runtime_is_compact(factory, shape):
     printed function): +17 bytes; the optimizers printed from the kernel language (SGD, sgd0 and Adam: three
     generated CPU functions, 2.37 KB of CPU_GENERATED gzipped against 1.92 KB, in place of the twins sgd, adam and
     cpuGradientAndState, 0.40 KB of CPU_KERNELS), +149 bytes (37,874 -> 38,023): the budget is raised by that, to
-    38,030. The opening comment and each shader's kernel-name line stay."""
+    38,030; the dense and conv kernels' generic kernels printed in place of their twins (their tuned GLSL staying
+    as WebGL2 routines), which leaves no hand-written CPU kernel, so CPU_KERNELS, cpuActivation, cpuLanes and the
+    ELEMENTWISE table they read go: 37,439 bytes (0.6% over issue 31's start, 37,228), and the budget back to 37,500.
+    The opening comment and each shader's kernel-name line stay."""
     import gzip
 
     js = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=64).files["m.js"]
@@ -147,7 +150,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 38_030
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_500
 
 
 def test_compact_js_keeps_strings_and_template_literals():

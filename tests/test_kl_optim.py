@@ -67,7 +67,7 @@ def test_a_routine_gradient_is_included_on_webgl2_and_printed_for_the_cpu():
     k = dataclasses.replace(p.kernel, gradient=routine)
     assert render_kernel(k) == render_kernel(p.kernel)
     s.optimizer = {"adam": [dataclasses.replace(p, kernel=k)]}
-    kernels, _, _, generated = serialize(s, list(plan.textures))
+    kernels, _, generated = serialize(s, list(plan.textures))
     rec = next(r for r in kernels if r["name"] == k.name)
     fns = {f["id"]: f["fn"] for f in generated}
     assert "template" not in rec["gradient"] and rec["gradient"]["inputs"] == 2

@@ -28,11 +28,11 @@ def activation(layer) -> dict:
 
 def fused_activation(act: str, attrs: dict) -> dict:
     """The activation `act` (a fusable unary op of prep/elementwise.py, or "none") as kernel constants:
-    its name, its GLSL (activate(x0) and activateGrad(y)) and its JavaScript twin's key (ops/elementwise.py)."""
+    its name and its GLSL (activate(x0) and activateGrad(y)) for the WebGL2 routines' templates."""
     if act == "none":
-        return {"act": "none", **functions(X, (const(1.0),), 1)}
+        return {"act": "none", **functions(X, (const(1.0),))}
     assert UNARY[act].fusable, act
-    return {"act": act, **functions(forward_of(act, attrs), derivatives_of(act, attrs), 1)}
+    return {"act": act, **functions(forward_of(act, attrs), derivatives_of(act, attrs))}
 
 
 def grad_target(plan, layer, slot: int):
