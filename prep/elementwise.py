@@ -8,7 +8,7 @@ Every reader of an elementwise op's meaning reads it from here:
     prep/graph.py       imports the ONNX op of each declaration (its `onnx` name and attributes)
     prep/fuse.py        fuses an op into the dense or conv layer that feeds it where its derivative
                         reads only its output Y (`fusable`)
-    prep/layout.py      shares the output's gradient with an operand whose derivative is 1
+    codegen/webgl2/layout.py      shares the output's gradient with an operand whose derivative is 1
                         (`passes_gradient`: a residual add costs no backward pass)
 
 An expression is a tree of `E` nodes. Leaves: `arg(i)` (operand i; X, A and B below), `Y`

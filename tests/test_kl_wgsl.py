@@ -23,7 +23,7 @@ from texelfit.codegen.schedule import build_schedule
 from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
-from texelfit.prep.layout import plan_layout
+from texelfit.codegen.webgl2.layout import plan_layout
 from texelfit.prep.load import export_simplified
 
 BATCH = 3

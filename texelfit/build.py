@@ -29,7 +29,7 @@ from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
 from texelfit.prep.ir import Graph
-from texelfit.prep.layout import LayoutPlan, check_layout, plan_layout
+from texelfit.codegen.webgl2.layout import LayoutPlan, check_layout, plan_layout
 from texelfit.prep.errors import BuildError
 from texelfit.prep.load import load_onnx
 from texelfit.prep.trust import check_trainable, selected

@@ -1,14 +1,14 @@
 """dense: Y = act(X @ W.T + b). W is laid out [ceil4(O) rows, ceil(I/4) texels] (layout.py).
 
 forward        dense_forward      X, W, B        -> Y        rows: batch
-  or, split-K  dense_forward      X, W           -> split:Y  rows: batch   (S rows a sample: layout.split_k)
+  or, split-K  dense_forward      X, W           -> split:Y  rows: batch   (S rows a sample: blocking.split_k)
                dense_reduce       split:Y, B     -> Y        rows: batch
 backward       activation_grad    DY, Y          -> DZ       rows: batch   (only with a fused activation:
                                                                         DZ = DY * act'(Y); without, DZ is DY)
                dense_grad_weight  DZ, X          -> dW       rows: full
                dense_grad_bias    DZ             -> db       rows: full
                dense_grad_input   DZ, W          -> dX       rows: batch   (when X needs a gradient)
-A sample-blocked layer (layout.py: sample_blocked) also has blocked twins of forward and
+A sample-blocked layer (webgl2/blocking.py: sample_blocked) also has blocked twins of forward and
 grad_input, dense_* blocked (8 samples a fragment, rows: blocks, into blk0..7:T) + interleave
 (-> T), and of its weight gradient (samples_last DZ -> DZT, dZ with the samples as channels, then
 dense_grad_weight blocked DZT, X, 8 rows a fragment, + interleave -> dW); they run from 8 samples
@@ -17,7 +17,7 @@ includes its kernel (ops/optim.py).
 """
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div
+from texelfit.prep.packing import ceil_div
 
 from .. import kl
 from ..kernels import Kernel
