@@ -170,6 +170,7 @@ UNARY = {e.name: e for e in [
     Elementwise("sqrt", "Sqrt", sqrt(X), (0.5 / sqrt(X),)),  # in X: 0.5 / Y is infinite in padding lanes (Y = 0)
     Elementwise("neg", "Neg", -X, (const(-1.0),)),
     Elementwise("abs", "Abs", abs_(X), (sign(X),)),
+    Elementwise("sign", "Sign", sign(X), (const(0.0),)),  # (torch.sign's gradient is zero, at 0 too)
     Elementwise("reciprocal", "Reciprocal", 1.0 / X, (-(Y * Y),)),
     # Pow with a constant exponent (prep/graph.py takes it from the second input)
     Elementwise("pow", "Pow", pow_(X, attr("exponent")), (attr("exponent") * pow_(X, attr("exponent") - 1.0),),

@@ -517,6 +517,7 @@ UNARY_FNS = {
     "sqrt": lambda t: torch.sqrt(_pos(t)),
     "neg": torch.neg,
     "abs": torch.abs,
+    "sign": lambda t: t * torch.sign(t - 0.1) + torch.sign(t),  # (its zero gradient beside one that flows)
     "reciprocal": lambda t: torch.reciprocal(_pos(t)),
     "pow2": lambda t: t ** 2,
     "pow3": lambda t: (t * 0.5) ** 3,  # scaled: x ** 9 (the op twice) would leave float32 torch no digits to compare
