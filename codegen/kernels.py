@@ -81,11 +81,11 @@ class Pass:
     # constant in the source would make one program per value; each costs a compile)
     values: dict = field(default_factory=dict)
     # which twin of a sample-blocked layer's pass it is (ops/common.py: blockable): True, the blocked
-    # one, runs at batches of layout.BLOCK_MIN_BATCH or more on a device drawing layout.SAMPLE_BLOCK
+    # one, runs at batches of blocking.BLOCK_MIN_BATCH or more on a device drawing blocking.SAMPLE_BLOCK
     # targets at once; False, the one-sample one, runs otherwise; None: the pass always runs
     blocked: bool | None = None
-    # which draw of a column-blocked conv forward it is (ops/common.py; layout.column_blocked): True, the
-    # one into all layout.COLUMN_PARTS parts, runs on a device drawing that many targets at once; False,
+    # which draw of a column-blocked conv forward it is (ops/common.py; blocking.column_blocked): True, the
+    # one into all blocking.COLUMN_PARTS parts, runs on a device drawing that many targets at once; False,
     # a draw of a half, runs otherwise; None: the pass always runs
     wide: bool | None = None
 

@@ -2,7 +2,7 @@
 
 A kernel computes one output texel (4 lanes: a vec4) at its coordinate (`ROW`, `COL`) of the output's texture,
 from loads of its input textures at computed texel coordinates, in the channel-packed layout every backend shares
-(prep/layout.py). It is a list of statements built in Python:
+(codegen/webgl2/layout.py). It is a list of statements built in Python:
 
     k = KernelDef()
     base = k.let("base", COL // c4 * c4)            int, float, vec4 or bool values; + - * / // % < > ...

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from texelfit.prep.layout import LayoutPlan
+from texelfit.codegen.webgl2.layout import LayoutPlan
 
 from .schedule import Schedule
 

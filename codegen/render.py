@@ -14,7 +14,8 @@ import numpy as np
 
 from texelfit.prep.ir import Graph
 from texelfit.prep.shape import Constant
-from texelfit.prep.layout import BLOCK_MIN_BATCH, COLUMN_PARTS, LOSS_RING, SAMPLE_BLOCK, LayoutPlan
+from texelfit.codegen.webgl2.blocking import BLOCK_MIN_BATCH, COLUMN_PARTS, SAMPLE_BLOCK
+from texelfit.codegen.webgl2.layout import LOSS_RING, LayoutPlan
 from texelfit.prep.quantize import ENTRY, HEADER, Quantized, quantize
 from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
@@ -89,11 +90,11 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         params.append({"name": p.name, "texture": spec.name, "shape": list(p.array.shape),
                        "offset": offset, "length": int(p.array.size), "trainable": graph.is_trainable(p.name)})
         offset += int(p.array.size)
-    # packing: [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c] (prep/layout.py); for per-sample
+    # packing: [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c] (codegen/webgl2/layout.py); for per-sample
     # textures it describes max_batch samples, and one sample is `sampleRows` rows of it
     textures = [{"name": t.name, "width": t.width, "height": t.height, "packing": t.packing.to_json(),
                  "sampleRows": t.sample_rows, "double": t.double, "role": t.role, "storage": storage.get(t.name, -1),
-                 **({"fold": t.fold} if t.fold else {})}  # (layout.blocked_fold)
+                 **({"fold": t.fold} if t.fold else {})}  # (blocking.blocked_fold)
                 for t in plan.textures.values()]
     out_spec = plan.textures[plan.tensor(graph.output)]
     # a column-blocked conv forward's draws (Pass.wide): MODEL.columnParts, which the runtime chooses by, only then
@@ -114,7 +115,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "sampleBlock": SAMPLE_BLOCK,
         "blockMinBatch": BLOCK_MIN_BATCH,
         "lossRing": LOSS_RING,
-        # column-blocked forwards (layout.column_blocked): the targets their draw into all the parts needs
+        # column-blocked forwards (blocking.column_blocked): the targets their draw into all the parts needs
         **({"columnParts": COLUMN_PARTS} if wide else {}),
         "textures": {
             "input": plan.tensor(graph.input),
@@ -154,7 +155,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "model_json": _js_json(model),
         "textures_json": _js_json(textures),
         "kernels_json": _js_json(kernels),
-        # a column-blocked conv forward (layout.column_blocked): the CPU deals its generic kernel out (cpuColumns)
+        # a column-blocked conv forward (blocking.column_blocked): the CPU deals its generic kernel out (cpuColumns)
         "cpu_columns": any(k["consts"].get("colblock") for k in kernels),
         "has_dropout": bool(model.get("dropout")),  # dropout layers: bundle.js.j2 adds dropout.js (each step's masks)
         # the CPU functions of the kernels written in the kernel language (codegen/kl_print.py)

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from texelfit.prep.ir import Graph
-from texelfit.prep.layout import LayoutPlan, TextureSpec
+from texelfit.codegen.webgl2.layout import LayoutPlan, TextureSpec
 from texelfit.prep.errors import BuildError
 
 from . import ops

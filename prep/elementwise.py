@@ -8,7 +8,7 @@ Every reader of an elementwise op's meaning reads it from here:
     prep/graph.py       imports the ONNX op of each declaration (its `onnx` name and attributes)
     prep/fuse.py        fuses an op into the dense or conv layer that feeds it where its derivative
                         reads only its output Y (`fusable`)
-    prep/layout.py      shares the output's gradient with an operand whose derivative is 1
+    codegen/webgl2/layout.py      shares the output's gradient with an operand whose derivative is 1
                         (`passes_gradient`: a residual add costs no backward pass)
 
 An expression is a tree of `E` nodes. Leaves: `arg(i)` (operand i; X, A and B below), `Y`
@@ -170,6 +170,7 @@ UNARY = {e.name: e for e in [
     Elementwise("sqrt", "Sqrt", sqrt(X), (0.5 / sqrt(X),)),  # in X: 0.5 / Y is infinite in padding lanes (Y = 0)
     Elementwise("neg", "Neg", -X, (const(-1.0),)),
     Elementwise("abs", "Abs", abs_(X), (sign(X),)),
+    Elementwise("sign", "Sign", sign(X), (const(0.0),)),  # (torch.sign's gradient is zero, at 0 too)
     Elementwise("reciprocal", "Reciprocal", 1.0 / X, (-(Y * Y),)),
     # Pow with a constant exponent (prep/graph.py takes it from the second input)
     Elementwise("pow", "Pow", pow_(X, attr("exponent")), (attr("exponent") * pow_(X, attr("exponent") - 1.0),),

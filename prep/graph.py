@@ -21,7 +21,7 @@ import json
 from . import onnx_shape
 from .errors import BuildError
 from .ir import Graph, Layer, Param
-from .load import ALIASES_KEY, initializer_arrays
+from .naming import ALIASES_KEY, initializer_arrays
 from .lower import LOWERINGS, lower
 # the modules that register LOWERINGS entries: Einsum, DepthToSpace, SpaceToDepth, CumSum; InstanceNormalization
 # (they import lower.py, which imports neither: no cycle)

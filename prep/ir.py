@@ -139,7 +139,7 @@ class Graph:
     # the element type of each input that is not float32 (prep/load.py: INPUT_DTYPES): integer token ids,
     # stored as exact floats (< 2^24); an input not in it is float32
     dtypes: dict[str, str] = field(default_factory=dict)
-    # a tied parameter's other state_dict keys -> its name (prep/load.py: ALIASES_KEY)
+    # a tied parameter's other state_dict keys -> its name (prep/naming.py: ALIASES_KEY)
     aliases: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):

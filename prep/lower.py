@@ -94,9 +94,9 @@ class LowerCtx:
         return self._consts.get(name)
 
     def is_parameter(self, name: str) -> bool:
-        """Whether `name` is a parameter (prep/load.py records them: PARAMETERS_KEY), which trains whatever its
+        """Whether `name` is a parameter (prep/load.py records them: naming.PARAMETERS_KEY), which trains whatever its
         values, as opposed to a constant of the exporter's."""
-        from .load import PARAMETERS_KEY
+        from .naming import PARAMETERS_KEY
 
         if self._parameters is None:
             meta = {p.key: p.value for p in self.model.metadata_props}

@@ -1,6 +1,6 @@
-"""The Packing rule: where each element of a tensor sits in its RGBA texture (prep/layout.py's docstring
+"""The Packing rule: where each element of a tensor sits in its RGBA texture (codegen/webgl2/layout.py's docstring
 describes the layouts; this is the rule they are all instances of), and the packings of activations and
-weights. Apart from prep/layout.py so that the op definitions (prep/ops/) can lay out their weights without
+weights. Apart from codegen/webgl2/layout.py so that the op definitions (prep/ops/) can lay out their weights without
 importing the texture plan that dispatches to them."""
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ mask of the top one (a flip negates its axis' stride and moves the offset to the
 together are merged, so ShuffleNet's Reshape -> Transpose -> Reshape becomes one view of 3 axes.
 
 The map runs over the *storage* of both ends, not their logical shapes: `storage_ops` (from the
-texture layout, prep/layout.py) takes a tensor's stored dims (C, H, W) to its logical shape, so the
+texture layout, codegen/webgl2/layout.py) takes a tensor's stored dims (C, H, W) to its logical shape, so the
 kernel (codegen/ops/gather.py, in the kernel language) starts from the (c, h, w) of an output texel lane
 and ends at the (c, h, w) of the source lane. A tensor packed differently (token tensors [T, F],
 issue 19) changes `storage_ops`, not this module.

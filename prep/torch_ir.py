@@ -79,7 +79,8 @@ def export_onnx(graph: Graph):
     param names (prep.load's exporter and onnxsim, as for any PyTorch source)."""
     import json
 
-    from .load import TRANSPOSED_KEY, export_simplified
+    from .load import export_simplified
+    from .naming import TRANSPOSED_KEY
 
     multi = len(graph.inputs) > 1
     model = export_simplified(IRModule(graph).eval(), graph.input_shapes if multi else graph.input_shape,

@@ -16,7 +16,7 @@ its readers cannot share one texture (prep.graph.untie_unsupported: a token embe
 GPT-2's tied embedding and head, can, and train so).
 
 An ONNX file declares no parameters: prep.load takes its initializers that are parameters by what reads
-them (load.onnx_parameters), and the same check applies, except that an initializer several layers read is
+them (naming.onnx_parameters), and the same check applies, except that an initializer several layers read is
 untied (the exporter merged tensors of equal value), each copy named by its node's scope where it can be.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import json
 from .ir import Graph
 from .errors import BuildError
 from .fold import fold_batchnorm
-from .load import FOLDED_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_KEYS_KEY, TIED_KEY, UNUSED_KEY
+from .naming import FOLDED_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_KEYS_KEY, TIED_KEY, UNUSED_KEY
 
 
 def declared_parameters(model) -> list[str] | None:

@@ -46,14 +46,14 @@ def mlp_48_31_7():
 
 
 def sample_blocked_mlp():
-    """45-200-96-7: the 200->96 layer is past layout.SAMPLE_BLOCK_MIN_MACS, so its forward, grad_input and
+    """45-200-96-7: the 200->96 layer is past blocking.SAMPLE_BLOCK_MIN_MACS, so its forward, grad_input and
     weight gradient compute 8 samples (rows) a fragment from batch 8 on, and its optimizer reads the weight gradient
     through the interleave."""
     return nn.Sequential(nn.Linear(45, 200), nn.ReLU(), nn.Linear(200, 96), nn.ReLU(), nn.Linear(96, 7))
 
 
 def blocked_cnn():
-    """On 1x12x12: both convs are past layout.SAMPLE_BLOCK_MIN_MACS (8 samples a fragment in their forward,
+    """On 1x12x12: both convs are past blocking.SAMPLE_BLOCK_MIN_MACS (8 samples a fragment in their forward,
     the second's grad_input), and the second's weight gradient (16 input channels) is row-blocked."""
     return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 3), nn.ReLU(), nn.Flatten(),
                          nn.Linear(800, 10))
@@ -75,13 +75,13 @@ OP_CASES = {
     "dropout_identity": (lambda: nn.Sequential(nn.Linear(45, 31), nn.Dropout(0.5), nn.ReLU(), nn.Identity(),
                                                nn.Linear(31, 7)), (45,)),
     "sigmoid_output": (lambda: nn.Sequential(nn.Linear(45, 9), nn.Sigmoid()), (45,)),
-    # 200x96 weights: past layout.SAMPLE_BLOCK_MIN_MACS, that layer's forward and grad_input compute 8 samples
+    # 200x96 weights: past blocking.SAMPLE_BLOCK_MIN_MACS, that layer's forward and grad_input compute 8 samples
     # a fragment
     "sample_blocked": (lambda: sample_blocked_mlp(), (45,)),
 }
 
 # The cases with sample-blocked layers: those run their blocked passes at batches of 8 or more
-# (layout.BLOCK_MIN_BATCH) and their one-sample twins below, so the op tests run them at a batch of
+# (blocking.BLOCK_MIN_BATCH) and their one-sample twins below, so the op tests run them at a batch of
 # both kinds (BLOCKED_BATCH: a block of 8 samples and 2 more).
 BLOCKED_CASES = ("sample_blocked", "conv_sample_blocked", "conv_column_blocked")
 BLOCKED_BATCH = 10
@@ -156,10 +156,10 @@ class ResidualCNN(nn.Module):
 
 
 class ColumnChain(nn.Module):
-    """Convs past layout.COLUMN_BLOCK_MIN_MACS reading one another, as in an inverted-residual trunk: a padded
+    """Convs past blocking.COLUMN_BLOCK_MIN_MACS reading one another, as in an inverted-residual trunk: a padded
     3x3 stem, a 1x1, a padded 5x5 depthwise, a strided one, a 1x1 read by a 1x1 and an add, on 23 columns (a
     partial last block of 4) then 12. Frozen (`fc.*` trains), the outputs of the first four convs are kept as
-    column parts alone (layout.column_only); the last two feed the add and keep their interleaves. 34 and 90
+    column parts alone (blocking.column_only); the last two feed the add and keep their interleaves. 34 and 90
     channels: 9 and 23 texels, halves of 5 and 12 (the last texel of half 1 past the channels), the last
     texel partly empty (the 1x1 reading 34 as parts reads 2 channels of it)."""
 
@@ -387,10 +387,10 @@ CNN_CASES = {
     "conv_depthwise_multiplier": (_seq(nn.Conv2d(3, 6, 3, groups=3, stride=2)), IMG, "mse"),
     "conv_asymmetric_pad": (_seq(nn.ZeroPad2d((1, 0, 2, 1)), nn.Conv2d(3, 5, 3)), IMG, "mse"),
     "conv_relu_fused": (_seq(nn.Conv2d(3, 5, 3), nn.ReLU()), IMG, "mse"),
-    # past layout.SAMPLE_BLOCK_MIN_MACS: both forwards (3 and 8 input channels) and the second conv's
+    # past blocking.SAMPLE_BLOCK_MIN_MACS: both forwards (3 and 8 input channels) and the second conv's
     # grad_input compute 8 samples a fragment
     "conv_sample_blocked": (_seq(nn.Conv2d(3, 8, 3, padding=1), nn.Tanh(), nn.Conv2d(8, 8, 3)), IMG, "mse"),
-    # past layout.COLUMN_BLOCK_MIN_MACS: every forward computes 4 positions a fragment (19 = 4*4 + 3 columns: a
+    # past blocking.COLUMN_BLOCK_MIN_MACS: every forward computes 4 positions a fragment (19 = 4*4 + 3 columns: a
     # partial last block), at any batch; a 3-channel conv with padding, a 1x1, a padded 5x5 depthwise, a strided
     # one; the groups-1 convs past 8 input channels are sample-blocked too (their grad_input and weight gradient)
     "conv_column_blocked": (_seq(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU6(), nn.Conv2d(32, 48, 1),
@@ -517,6 +517,7 @@ UNARY_FNS = {
     "sqrt": lambda t: torch.sqrt(_pos(t)),
     "neg": torch.neg,
     "abs": torch.abs,
+    "sign": lambda t: t * torch.sign(t - 0.1) + torch.sign(t),  # (its zero gradient beside one that flows)
     "reciprocal": lambda t: torch.reciprocal(_pos(t)),
     "pow2": lambda t: t ** 2,
     "pow3": lambda t: (t * 0.5) ** 3,  # scaled: x ** 9 (the op twice) would leave float32 torch no digits to compare

@@ -10,7 +10,7 @@ import torch
 from helpers import build_module
 from models import OP_CASES
 from texelfit.build import compile_onnx
-from texelfit.prep.layout import activation_packing, conv_weight_packing, matrix_packing, pack, unpack
+from texelfit.prep.packing import activation_packing, conv_weight_packing, matrix_packing, pack, unpack
 from texelfit.prep.load import export_simplified
 
 FORBIDDEN = {

@@ -52,7 +52,7 @@ CHAIN = (3, 23, 23)
 
 
 def test_frozen_convs_keep_column_parts_for_the_convs_that_read_them():
-    """layout.column_only: frozen, the stem, expand, dw and down outputs are their 8 parts alone (no act:
+    """blocking.column_only: frozen, the stem, expand, dw and down outputs are their 8 parts alone (no act:
     texture); trainable, every conv output has its usual texture (the backward reads it)."""
     m = ColumnChain().eval()
     onnx_model = export_simplified(m, CHAIN)

@@ -79,3 +79,36 @@ def test_prep_has_no_import_cycle():
 
 def test_a_cycle_is_found():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+ROOT = os.path.dirname(PREP)
+
+
+def test_prep_does_not_import_a_backend():
+    """prep/ ends with the IR and the packing rule every backend shares; a backend's storage plan (the WebGL2 texel
+    layout and its blocking rules: codegen/webgl2/) is codegen's. No prep module imports codegen, at any level."""
+    found = []
+    for m, path in _modules().items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{m}: {n}" for n in names if n.startswith(("texelfit.codegen", "codegen"))]
+    assert not found, found
+    assert len(_modules()) > 30, "prep's modules were read"
+
+
+def test_source_files_stay_under_400_lines():
+    """Issue 31: files under about 400 lines. Every Python module of the build (prep/, codegen/, texelfit/) and
+    every plain runtime module (runtime_template/runtime/*.js)."""
+    files = [os.path.join(r, f) for top in ("prep", "codegen", "texelfit", os.path.join("runtime_template", "runtime"))
+             for r, _, fs in os.walk(os.path.join(ROOT, top)) for f in fs if f.endswith((".py", ".js"))]
+    assert len(files) > 80, len(files)
+    long = {}
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            n = len(f.read().splitlines())
+        if n > 400:
+            long[os.path.relpath(path, ROOT)] = n
+    assert not long, long

@@ -3,7 +3,7 @@ hand-written WebGL2 routines (Kernel.routine):
 
   * each printed as JavaScript and run in node against PyTorch on odd shapes: groups, strides, dilations,
     asymmetric padding, a batch short of the texture (rows past it hold NaN: never read), padding lanes;
-  * a model's passes run on WebGL2 (the routines: sample-blocked from layout.BLOCK_MIN_BATCH on, column-blocked,
+  * a model's passes run on WebGL2 (the routines: sample-blocked from blocking.BLOCK_MIN_BATCH on, column-blocked,
     4x4 channel blocks, depthwise) and on the CPU backend (the generic kernels, dealt out by cpuBlocked and
     cpuColumns) with the same weights and batch: the outputs and every gradient against each other and PyTorch.
 """
@@ -22,7 +22,8 @@ from codegen.kl_print import glsl, js
 from codegen.ops.conv_kl import forward_kl, grad_input_kl, grad_weight_kl, interleave_cols_kl
 from helpers import FWD, GRAD, assert_close, build_module, run_model
 from models import ColumnChain, TransposedConvs
-from texelfit.prep.layout import BLOCK_MIN_BATCH, COLUMN_BLOCK, COLUMN_HALVES, ceil_div
+from texelfit.codegen.webgl2.blocking import BLOCK_MIN_BATCH, COLUMN_BLOCK, COLUMN_HALVES
+from texelfit.prep.packing import ceil_div
 
 BATCH, MAX_BATCH = 5, 8  # (the textures hold 8 samples: the kernels read the first u_batch)
 
@@ -170,7 +171,7 @@ def test_interleave_cols_printed_as_javascript(c4, ow):
 # ---- the routines (WebGL2) against the generic kernels (the CPU backend) on the same inputs ------------------------
 
 class MixedConvs(nn.Module):
-    """groups 1 convs past layout.SAMPLE_BLOCK_MIN_MACS (their forward, grad_input and weight gradient sample-blocked
+    """groups 1 convs past blocking.SAMPLE_BLOCK_MIN_MACS (their forward, grad_input and weight gradient sample-blocked
     from BLOCK_MIN_BATCH samples on), a grouped one strided, dilated and asymmetrically padded (a ZeroPad2d taken into
     its pads), a depthwise one, a 2x3 kernel with an uneven stride; fused activations."""
 

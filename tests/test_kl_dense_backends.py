@@ -19,7 +19,8 @@ from helpers import FIT, FWD, GRAD, TRAJ_LOSS, TRAJ_W, assert_close, build_modul
 from texelfit.codegen.schedule import build_schedule
 from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
-from texelfit.prep.layout import BLOCK_MIN_BATCH, plan_layout
+from texelfit.codegen.webgl2.blocking import BLOCK_MIN_BATCH
+from texelfit.codegen.webgl2.layout import plan_layout
 from texelfit.prep.load import export_simplified
 
 SHAPE = (300,)

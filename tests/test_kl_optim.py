@@ -51,7 +51,7 @@ def test_a_routine_gradient_is_included_on_webgl2_and_printed_for_the_cpu():
     from texelfit.codegen.kernels import render_kernel
     from texelfit.codegen.schedule import build_schedule, serialize
     from texelfit.prep.graph import to_ir
-    from texelfit.prep.layout import plan_layout
+    from texelfit.codegen.webgl2.layout import plan_layout
     from texelfit.prep.load import export_simplified
 
     graph = to_ir(export_simplified(mlp_45_31_7(), (45,)), (45,), "float32")

@@ -23,7 +23,7 @@ from texelfit.codegen.schedule import build_schedule
 from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
-from texelfit.prep.layout import plan_layout
+from texelfit.codegen.webgl2.layout import plan_layout
 from texelfit.prep.load import export_simplified
 
 BATCH = 3
@@ -194,7 +194,7 @@ MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "f
           "normed": (Normed, (7, 6), "float32"), "classes": (Classes, (5,), "float32"),
           "elementwise": (Elementwise, (3, 5, 4), "float32"), "dense": (Dense, (300,), "float32"),
           "convs": (Convs, (3, 7, 6), "float32")}
-MAX_BATCH = {"dense": 16}  # (the textures' samples where not BATCH: a sample-blocked layer's from layout.BLOCK_MIN_BATCH on)
+MAX_BATCH = {"dense": 16}  # (the textures' samples where not BATCH: a sample-blocked layer's from blocking.BLOCK_MIN_BATCH on)
 # the random textures' scale where not 2: the WGSL sums in float32, the JavaScript in float64, and a dense layer's
 # 300 products of values of that scale would sum to ~70, whose float32 rounding (~1e-5) is past the tolerance where
 # the sum nearly cancels; at 1/4, ~1, and its rounding ~1e-7
@@ -360,11 +360,11 @@ def test_dispatch_covers_large_outputs():
 
 
 def test_interleave_cols_wgsl(gpu_page):
-    """interleave_cols (ops/conv_kl.py), which only a column-blocked conv past layout.COLUMN_BLOCK_MIN_MACS schedules
+    """interleave_cols (ops/conv_kl.py), which only a column-blocked conv past blocking.COLUMN_BLOCK_MIN_MACS schedules
     (sums too long for the models above): 9 channel texels a position (halves of 5, the last one short), 23 positions
     (a partial last block of 4), from 8 parts, as the JavaScript and numpy place them."""
     from texelfit.codegen.ops.conv_kl import interleave_cols_kl
-    from texelfit.prep.layout import COLUMN_BLOCK, COLUMN_HALVES
+    from texelfit.codegen.webgl2.blocking import COLUMN_BLOCK, COLUMN_HALVES
 
     b, nh, c4, ow, rows = COLUMN_BLOCK, COLUMN_HALVES, 9, 23, 3
     qb, c4h = -(-ow // b), -(-c4 // nh)

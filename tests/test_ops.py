@@ -45,9 +45,9 @@ def test_blocked_layers_run_their_one_sample_twins_at_small_batches(web, site, c
     url = build_module(site, f"draws_{case}", factory(), shape)
     draws = predict_draws(web, url, [1, 7, 8, 10, 3])
     # forwards with blk textures (the *_is_blocked tests); a column-blocked conv's forward computes 4
-    # positions a fragment at every batch (layout.column_blocked), so its draws do not change at 8
+    # positions a fragment at every batch (blocking.column_blocked), so its draws do not change at 8
     blocked_layers = {"sample_blocked": 1, "conv_column_blocked": 0}.get(case, 2)
-    split_layers = 1 if case == "sample_blocked" else 0  # one-sample forwards in 2 passes (layout.split_k)
+    split_layers = 1 if case == "sample_blocked" else 0  # one-sample forwards in 2 passes (blocking.split_k)
     assert draws["1"] == draws["7"] == draws["3"], draws
     # a blocked forward adds its interleave; a split-K one-sample forward draws 2 passes
     assert draws["8"] == draws["10"] == draws["1"] + blocked_layers - split_layers, draws
@@ -67,7 +67,7 @@ def test_without_8_draw_buffers_blocked_layers_run_one_sample_passes(web, site, 
 
 
 def folded_mlp():
-    """45-300-260-7: the two dense layers past layout.SAMPLE_BLOCK_MIN_MACS write blocked parts of 65 (forward)
+    """45-300-260-7: the two dense layers past blocking.SAMPLE_BLOCK_MIN_MACS write blocked parts of 65 (forward)
     and 75 (the second's grad_input) texels a row."""
     return torch.nn.Sequential(torch.nn.Linear(45, 300), torch.nn.ReLU(), torch.nn.Linear(300, 260), torch.nn.ReLU(),
                                torch.nn.Linear(260, 7))
@@ -75,11 +75,11 @@ def folded_mlp():
 
 @pytest.mark.parametrize("precision", ["float32", "rgba8"])
 def test_blocked_parts_of_few_rows_are_folded(web, site, precision):
-    """layout.blocked_fold: at a max batch of 16 a blocked part is 2 rows of 65 or 75 texels, folded into 8 rows
+    """blocking.blocked_fold: at a max batch of 16 a blocked part is 2 rows of 65 or 75 texels, folded into 8 rows
     (the tiled layout, on every device; rgba8: 4 texels a float). The forward and every gradient match PyTorch at
     a batch of 10 (a block of 8 and one of 2, blocked) and of 3 (the one-sample passes), and m.info counts no
     texture folded past the size limit."""
-    from texelfit.prep.layout import blocked_fold
+    from texelfit.codegen.webgl2.blocking import blocked_fold
     assert blocked_fold(65, 2) == 17 and blocked_fold(75, 2) == 19 and blocked_fold(65, 8) == 0
     js = compile_onnx(export_simplified(folded_mlp(), (45,)), name="m", input_shape=(45,), max_batch=16).files["m.js"]
     assert js.count('"fold":') == 16, "the 8 parts of the forward and of the grad_input"
@@ -120,7 +120,7 @@ def test_sample_blocked_case_is_blocked_and_small_layers_are_not():
     # the 200->96 layer: output, input gradient (times the relu' before it: layout.py act_grad_fused), weight gradient
     assert blocked == ["act", "dz", "pgrad"], names
     assert "// texelfit kernel: interleave" in result.files["m.js"]
-    # the same layer's one-sample forward sums its 200 inputs in 4 slices (layout.split_k); the others are narrow
+    # the same layer's one-sample forward sums its 200 inputs in 4 slices (blocking.split_k); the others are narrow
     assert sorted(n for n in names if n.startswith("split:")) == ["split:" + blocked_out(names)], names
     assert "// texelfit kernel: dense_forward 200->96 relu split" in result.files["m.js"]
     small = compile_onnx(export_simplified(factory(), shape), name="m", input_shape=shape, max_batch=4)

@@ -6,7 +6,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from texelfit.build import compile_onnx
-from texelfit.prep.layout import Packing, TextureSpec, check_layout, plan_layout
+from texelfit.prep.packing import Packing
+from texelfit.codegen.webgl2.layout import TextureSpec, check_layout, plan_layout
 from texelfit.prep.load import BuildError
 
 

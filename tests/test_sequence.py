@@ -273,7 +273,9 @@ def _named(factory, name):
 def test_tokens_pack_the_features_a_row_a_token():
     import numpy as np
 
-    from texelfit.prep.layout import activation_packing, chw, pack, storage_ops, unpack
+    from texelfit.prep.packing import activation_packing, chw, pack, unpack
+
+    from texelfit.codegen.webgl2.layout import storage_ops
     from texelfit.prep.shape import chain_shape
 
     x = np.arange(3 * 5 * 6, dtype=np.float32).reshape(3, 5, 6)  # [N, T, F]

@@ -17,7 +17,7 @@ from texelfit.build import compile_onnx
 from texelfit.codegen.schedule import build_schedule
 from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.graph import to_ir
-from texelfit.prep.layout import gather_is_view, plan_layout
+from texelfit.codegen.webgl2.layout import gather_is_view, plan_layout
 from texelfit.prep.load import BuildError, export_simplified
 from texelfit.prep.prune import plan_prune, prune
 from texelfit.prep.shape import Tracker, chain_shape, inverse_ops, run_views

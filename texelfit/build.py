@@ -1,7 +1,7 @@
 """The build pipeline: each stage a pure function of the previous stage's value.
 
     prep.load -> ONNX (onnxsim) -> prep.graph (IR) -> prep.fold -> prep.prune [-> fine-tune in PyTorch]
-      -> prep.quantize -> prep.fuse -> prep.layout -> codegen.schedule -> codegen.render -> files in DIR
+      -> prep.quantize -> prep.fuse -> codegen.webgl2.layout -> codegen.schedule -> codegen.render -> files in DIR
 
 Defaults: `--quantize none` and `--prune 0`. A first bundle should be the user's model, exactly: its
 predictions match PyTorch to float32 rounding, so the page can be checked against the model it came
@@ -21,16 +21,15 @@ import json
 import os
 from dataclasses import dataclass
 
-import numpy as np
-
 from texelfit.codegen.render import model_context, render_bundle, report
 from texelfit.codegen.memory import plan_memory, plan_storage, planned_peak, role_bytes
 from texelfit.codegen.schedule import build_schedule
+from texelfit.data import Data, check_data, digits_data, evaluate, load_data
 from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
 from texelfit.prep.ir import Graph
-from texelfit.prep.layout import LayoutPlan, check_layout, plan_layout
+from texelfit.codegen.webgl2.layout import LayoutPlan, check_layout, plan_layout
 from texelfit.prep.errors import BuildError
 from texelfit.prep.load import load_onnx
 from texelfit.prep.trust import check_trainable, selected
@@ -47,15 +46,6 @@ DEFAULT_MAX_BATCH = 64
 # The memory a default --max-batch must fit (codegen/memory.py: plan_memory's peak): GPU memory that a
 # phone or a laptop can be expected to give one page. --max-batch given explicitly is kept as given.
 DEFAULT_MEMORY_BUDGET = 10 ** 9
-
-
-@dataclass
-class Data:
-    """Samples for evaluation or fine-tuning: x of shape (N,) + input shape, y labels or targets."""
-
-    x: np.ndarray
-    y: np.ndarray
-    what: str  # e.g. "digits validation split (360 samples)"
 
 
 @dataclass
@@ -127,21 +117,21 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
     acc: dict = {}
     if eval_data is not None:
         acc = {"data": eval_data.what, "samples": int(len(eval_data.y))}
-        acc.update(_evaluate(full, eval_data, "before"))
+        acc.update(evaluate(full, eval_data, "before"))
     prune_plan = plan_prune(full, prune, round_to=4 if round_channels else 1)
     graph = apply_prune(full, prune_plan)
     if eval_data is not None and prune:
-        acc.update(_evaluate(graph, eval_data, "after_prune"))
+        acc.update(evaluate(graph, eval_data, "after_prune"))
     if finetune_epochs:
         from texelfit.train import finetune_graph
 
         graph = finetune_graph(graph, finetune_data.x, finetune_data.y, epochs=finetune_epochs, lr=finetune_lr,
                                loss=loss, progress=progress)
         if eval_data is not None:
-            acc.update(_evaluate(graph, eval_data, "after_finetune"))
+            acc.update(evaluate(graph, eval_data, "after_finetune"))
     weights = quantize_weights(graph, quantize)
     if eval_data is not None:
-        acc.update(_evaluate(weights.graph, eval_data, "after_quantize"))
+        acc.update(evaluate(weights.graph, eval_data, "after_quantize"))
 
     graph = dataclasses.replace(fuse_activations(weights.graph), trainable=trains)
     plan, schedule, storage, memory, max_batch = plan_batch(graph, max_batch, memory_budget)
@@ -253,74 +243,6 @@ def resolve_trainable(patterns: str, names: list[str]) -> frozenset[str] | None:
             raise BuildError(f"--trainable pattern {pat!r} matches no parameter; the parameters are: {', '.join(names)}")
         chosen.update(hits)
     return None if len(chosen) == len(names) else frozenset(chosen)
-
-
-def _evaluate(graph: Graph, data: Data, stage: str) -> dict:
-    from texelfit.prep.torch_ir import evaluate
-
-    (metric, value), = evaluate(graph, data.x, data.y).items()
-    return {"metric": metric, stage: value}
-
-
-def check_data(d: Data, graph: Graph, loss: str, what: str) -> Data:
-    """The samples shaped for the model; one line naming the problem when they do not fit it."""
-    n, shape = len(d.x), graph.input_shape
-    if n == 0:
-        raise BuildError(f"{what}: x holds no samples")
-    if d.x.size != n * int(np.prod(shape)):
-        raise BuildError(f"{what}: x has shape {d.x.shape}, which does not hold samples of the model's input "
-                         f"shape {shape}")
-    x = np.asarray(d.x, dtype=np.float32).reshape((n,) + tuple(shape))
-    if not np.all(np.isfinite(x)):
-        raise BuildError(f"{what}: x has non-finite values")
-    if graph.input_dtype != "float32":
-        rows = graph.id_range(graph.input)
-        if np.any(x != np.round(x)) or x.min() < 0 or (rows is not None and x.max() >= rows):
-            raise BuildError(f"{what}: x must hold token ids, integers in [0, {rows if rows is not None else '2^24'})")
-    y = np.asarray(d.y)
-    if len(y) != n:
-        raise BuildError(f"{what}: y has {len(y)} entries for {n} samples")
-    out = graph.output_shape
-    if np.issubdtype(y.dtype, np.integer):
-        if len(out) != 1 or y.ndim != 1:
-            raise BuildError(f"{what}: integer labels y need a model whose output is class logits; it is {out}")
-        if y.min() < 0 or y.max() >= out[0]:
-            raise BuildError(f"{what}: labels must be class indices in [0, {out[0]}), found "
-                             f"{int(y.min())} .. {int(y.max())}")
-        if loss != "cross_entropy" and what == "--finetune-data":
-            raise BuildError(f"{what}: integer labels need --loss cross_entropy")
-    else:
-        if y.size != n * int(np.prod(out)):
-            raise BuildError(f"{what}: y has {y.size} values, expected {n} x {int(np.prod(out))} (the output "
-                             "shape); for accuracy give integer class labels")
-        if loss == "cross_entropy" and what == "--finetune-data":
-            raise BuildError(f"{what}: cross_entropy needs integer class labels y")
-    return Data(x, y, d.what)
-
-
-def load_data(path: str, what: str) -> Data:
-    """An .npz with arrays x (samples; reshaped to the model's input shape) and y (labels or targets)."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            if "x" not in f or "y" not in f:
-                raise BuildError(f"{what} {path} must hold arrays named x and y (it has {', '.join(f.files) or 'none'})")
-            x, y = f["x"], f["y"]
-    except BuildError:
-        raise
-    except Exception as e:
-        raise BuildError(f"cannot read {what} {path} as an .npz file: {' '.join(str(e).split())}") from None
-    if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)) or x.ndim == 0:
-        raise BuildError(f"{what} {path}: x and y must be numeric arrays, x with one sample per row")
-    return Data(x, y, f"{os.path.basename(path)} ({len(y)} samples)")
-
-
-def digits_data(input_shape) -> tuple[Data, Data]:
-    """(training split, validation split) of the digits, shaped for the model."""
-    from texelfit.examples import digits_split
-
-    (xt, yt), (xv, yv) = digits_split(input_shape)
-    return (Data(xt, yt, f"digits training split ({len(yt)} samples)"),
-            Data(xv, yv, f"digits validation split ({len(yv)} samples)"))
 
 
 def build(source: str, out: str, *, name: str | None = None, weights: str | None = None, input_shape=None,

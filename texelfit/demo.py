@@ -13,7 +13,8 @@ import os
 import socketserver
 import time
 
-from texelfit.build import Data, compile_onnx, write_files
+from texelfit.build import compile_onnx, write_files
+from texelfit.data import Data
 from texelfit.codegen.kernels import template_env
 from texelfit.examples import digits, digits_split
 from texelfit.prep.load import export_simplified

@@ -43,7 +43,7 @@ def evaluator(bundle: Bundle, graph, path: str):
     import torch
     import torch.nn.functional as F
 
-    from texelfit.build import check_data, load_data
+    from texelfit.data import check_data, load_data
     from texelfit.prep.torch_ir import IRModule, one_thread
 
     data = check_data(load_data(path, "--eval-data"), graph, "cross_entropy", "--eval-data")

@@ -15,7 +15,7 @@ and the blob's header and checksum.
 from __future__ import annotations
 
 from texelfit.prep.ir import Graph
-from texelfit.prep.layout import LayoutPlan
+from texelfit.codegen.webgl2.layout import LayoutPlan
 from texelfit.prep.ops import opdef
 from texelfit.prep.quantize import HEADER, TRAILER, Quantized
 

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from texelfit.prep.layout import (COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, SAMPLE_BLOCK,  # noqa: F401
-                                  ceil_div, chw)  # (chw: the ops take it from here)
-
 from texelfit.prep.elementwise import UNARY, X, const, derivatives_of, forward_of
+from texelfit.prep.packing import ceil_div, chw  # noqa: F401 (chw: the ops take it from here)
 
 from .. import kl
 from ..expr import functions, to_kl
 from ..kernels import Kernel, Pass
+from ..webgl2.blocking import COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, SAMPLE_BLOCK  # noqa: F401
 from .conv_kl import interleave_cols_kl
 
 
@@ -69,7 +68,7 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
 
     def blockable(what, names, uniforms, inputs, output, rows, blocked_reads=None):
         """The pass writing `output` (its batch rows, or all of a weight gradient). With blk0..7:output
-        planned (layout.py: sample_blocked) also its blocked twin: the pass computing SAMPLE_BLOCK
+        planned (webgl2/blocking.py: sample_blocked) also its blocked twin: the pass computing SAMPLE_BLOCK
         samples (or rows) a fragment into those, and the interleave into `output`. The blocked twin
         runs at batches of BLOCK_MIN_BATCH or more on devices with SAMPLE_BLOCK draw buffers, the
         one-sample pass otherwise (Pass.blocked). `blocked_reads`: the blocked twin's (names, inputs)
@@ -92,7 +91,7 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
     forward = blockable("forward", ("X", "W") + (("B",) if b else ()), (), [plan.tensor(x), w] + ([b] if b else []),
                         plan.tensor(y), "batch")
     if "split:" + y in plan.textures:
-        # split-K (layout.split_k): the one-sample forward as partial sums over slices of the inputs
+        # split-K (blocking.split_k): the one-sample forward as partial sums over slices of the inputs
         # (S rows a sample, into split:Y) and their sum, with the bias and activation (dense_reduce)
         one, parts = forward[0], plan.textures["split:" + y].sample_rows
         split = kernel("forward", ("X", "W"), split=parts, chunk=ceil_div(c["in4"], parts), blocked=False)
@@ -101,9 +100,9 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
             Pass(kernel("reduce", ("P",) + (("B",) if b else ()), split=parts), ["split:" + y] + ([b] if b else []),
                  one.outputs, "batch", layer.name, blocked=one.blocked)]
     if "col0:" + plan.tensor(y) in plan.textures:
-        # column-blocked (layout.column_blocked): the forward, at every batch, computes 4 positions and 2 halves a
+        # column-blocked (blocking.column_blocked): the forward, at every batch, computes 4 positions and 2 halves a
         # fragment into col0..7:Y (or, on a device drawing fewer than 8 targets, a half a draw: Pass.wide), and a
-        # pass interleaves them into Y, unless only such convs read Y (layout.column_only); one whose X is kept
+        # pass interleaves them into Y, unless only such convs read Y (blocking.column_only); one whose X is kept
         # that way reads its parts X0..7
         one, parts = forward[0], [f"col{k}:{plan.tensor(y)}" for k in range(COLUMN_PARTS)]
         names, inputs, colin = one.kernel.inputs, one.inputs, plan.columns_only(x)

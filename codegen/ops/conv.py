@@ -12,20 +12,20 @@ groups == 1 runs 4x4 channel blocks per fetch, depthwise convs 4 channels a fetc
 convs run per lane. Those GLSL templates are WebGL2 routines (Kernel.routine): beside each is its generic kernel in
 the kernel language (ops/conv_kl.py), which the CPU backend and WGSL run; interleave_cols is written in the language
 alone.
-A sample-blocked layer (layout.py: sample_blocked) also has blocked twins of forward and
+A sample-blocked layer (webgl2/blocking.py: sample_blocked) also has blocked twins of forward and
 grad_input, conv_* blocked (8 samples a fragment, rows: blocks, into blk0..7:T) + interleave
 (-> T), and of its weight gradient (8 rows a fragment + interleave -> dW); they run from 8 samples
 on (Pass.blocked). In a training step the pass writing dW or db is left out: the optimizer pass
 includes its kernel (ops/optim.py).
-A column-blocked layer (layout.py: column_blocked) has the forward conv_forward columns (4 positions
+A column-blocked layer (webgl2/blocking.py: column_blocked) has the forward conv_forward columns (4 positions
 and 2 halves of the channel texels a fragment, into col0..7:Y; where the device draws fewer than 8
 targets, conv_forward columns half 0 and half 1, into col0..3 and col4..7: Pass.wide) + interleave_cols
-(-> Y), at every batch; where only such convs read Y (layout.py: column_only) there is no interleave,
+(-> Y), at every batch; where only such convs read Y (webgl2/blocking.py: column_only) there is no interleave,
 and they read the parts X0..7 themselves.
 """
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div
+from texelfit.prep.packing import ceil_div
 
 from .. import kl
 from ..kernels import Kernel

@@ -7,7 +7,7 @@ Kernel has both (Kernel.routine), and the CPU deals the generic kernel's output 
 an output channel, its sum over the taps and the channels of its group. `c` is the conv's constants
 (ops/conv.py: _consts; a conv_transpose's, ops/conv_transpose.py: _as_conv); their names are the symbols'.
 
-Layouts (prep/layout.py): X (ic, ih, iw) rows n*ih + h, texel w*ic4 + ic/4, lane ic % 4; Y alike; W[oc, j, kh, kw]
+Layouts (codegen/webgl2/layout.py): X (ic, ih, iw) rows n*ih + h, texel w*ic4 + ic/4, lane ic % 4; Y alike; W[oc, j, kh, kw]
 at row kh*icg + j, texel kw*oc4 + oc/4, lane oc % 4; XT (X with the samples as channels, ops/common.py:
 samples_last) at row ch*ih + h, texel w*nb4 + n/4, lane n % 4.
 """
@@ -136,7 +136,7 @@ def grad_weight_kl(c: dict) -> kl.KernelDef:
 
 
 def interleave_cols_kl(block: int, halves: int) -> kl.KernelDef:
-    """Y from the block*halves parts T0.. of a column-blocked conv output (layout.py: column_blocked): channel
+    """Y from the block*halves parts T0.. of a column-blocked conv output (webgl2/blocking.py: column_blocked): channel
     texel c4 of position ow of a row is in part block*g + ow % block, g = c4 / c4h its half, at texel column
     (c4 - g*c4h) * u_qb + ow / block; u_c4 texels a position, u_qb blocks a row. One fetch a texel, from the part
     picked by a branch (neighbouring fragments mostly read the same part), as the template it replaced did."""

@@ -13,12 +13,12 @@ backward       activation_grad    DY, Y              -> DZ      rows: batch   (o
                conv_grad_input... conv_forward       DZ, W              -> dX      rows: batch   (C itself)
 
 The pads (the rows and columns cut from the full output) are C's pads; output_padding only makes the
-output larger, which C's output size absorbs. No sample-blocked twins (layout.py: sample_blocked). The GLSL templates are WebGL2 routines beside the generic
+output larger, which C's output size absorbs. No sample-blocked twins (webgl2/blocking.py: sample_blocked). The GLSL templates are WebGL2 routines beside the generic
 kernels of ops/conv_kl.py (Kernel.routine), which the CPU backend and WGSL run.
 """
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div
+from texelfit.prep.packing import ceil_div
 
 from ..kernels import Kernel, Pass
 from .common import activation_grad, fused_activation, grad_target, lanes, samples_last_pass

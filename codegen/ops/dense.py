@@ -1,14 +1,14 @@
 """dense: Y = act(X @ W.T + b). W is laid out [ceil4(O) rows, ceil(I/4) texels] (layout.py).
 
 forward        dense_forward      X, W, B        -> Y        rows: batch
-  or, split-K  dense_forward      X, W           -> split:Y  rows: batch   (S rows a sample: layout.split_k)
+  or, split-K  dense_forward      X, W           -> split:Y  rows: batch   (S rows a sample: blocking.split_k)
                dense_reduce       split:Y, B     -> Y        rows: batch
 backward       activation_grad    DY, Y          -> DZ       rows: batch   (only with a fused activation:
                                                                         DZ = DY * act'(Y); without, DZ is DY)
                dense_grad_weight  DZ, X          -> dW       rows: full
                dense_grad_bias    DZ             -> db       rows: full
                dense_grad_input   DZ, W          -> dX       rows: batch   (when X needs a gradient)
-A sample-blocked layer (layout.py: sample_blocked) also has blocked twins of forward and
+A sample-blocked layer (webgl2/blocking.py: sample_blocked) also has blocked twins of forward and
 grad_input, dense_* blocked (8 samples a fragment, rows: blocks, into blk0..7:T) + interleave
 (-> T), and of its weight gradient (samples_last DZ -> DZT, dZ with the samples as channels, then
 dense_grad_weight blocked DZT, X, 8 rows a fragment, + interleave -> dW); they run from 8 samples
@@ -23,7 +23,7 @@ as routines (Kernel.routine), and the CPU deals a blocked pass's generic result 
 """
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div
+from texelfit.prep.packing import ceil_div
 
 from texelfit.prep.elementwise import derivatives_of, forward_of
 
@@ -80,7 +80,7 @@ def _grad_of(y: kl.X, act: str, attrs: dict) -> kl.X:
 def forward_kl(c: dict, act: str = "none", attrs: dict | None = None) -> kl.KernelDef:
     """The generic dense forward, a texel the 4 outputs o = 4*COL .. 4*COL+3 of a sample ROW:
     Y[n, o] = act(sum_i X[n, i] * W[o, i] + b[o]), padding lanes zero. Split-K (c["split"] = S parts of
-    c["chunk"] input texels each, layout.split_k): row S*n + s of the output holds sample n's sums over input texels
+    c["chunk"] input texels each, blocking.split_k): row S*n + s of the output holds sample n's sums over input texels
     [chunk*s, chunk*s + chunk), without bias or activation (reduce_kl adds them). The WebGL2 routine is
     kernels/dense_forward.glsl.j2 (8 samples a fragment when blocked); the CPU runs this over all samples."""
     k = kl.KernelDef()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from texelfit.prep import dropout as dp
-from texelfit.prep.layout import ceil_div, chw
+from texelfit.prep.packing import ceil_div, chw
 
 from .. import kl
 from ..kernels import Kernel, Pass

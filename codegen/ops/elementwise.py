@@ -23,7 +23,8 @@ import numpy as np
 
 from texelfit.prep.elementwise import derivatives_of, forward_of, leaves
 from texelfit.prep.ir import operands
-from texelfit.prep.layout import ceil_div, chw, shares_gradient
+from texelfit.prep.packing import ceil_div, chw
+from texelfit.codegen.webgl2.layout import shares_gradient
 
 from .. import kl
 from ..expr import to_kl

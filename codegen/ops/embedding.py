@@ -23,7 +23,7 @@ table (--trainable) has no backward pass.
 """
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div
+from texelfit.prep.packing import ceil_div
 
 from .. import kl
 from ..kernels import Kernel, Pass

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from texelfit.prep.layout import ceil_div, gather_is_view, gather_part_views
+from texelfit.prep.packing import ceil_div
+
+from texelfit.codegen.webgl2.layout import gather_is_view, gather_part_views
 from texelfit.prep.shape import part_shape, render_views
 
 from contextlib import nullcontext

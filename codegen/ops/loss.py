@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from texelfit.prep.layout import CE_STATS, ce_stats, ceil_div
+from texelfit.prep.packing import ceil_div
+
+from texelfit.codegen.webgl2.layout import CE_STATS, ce_stats
 
 from .. import kl
 from ..kernels import Kernel, Pass

@@ -1,5 +1,5 @@
 """matmul and layernorm: the token ops, on tensors (R, F) stored with F packed, a texture row a token
-(prep/layout.py). `rows` below is the texture rows of one sample of the tensor named.
+(codegen/webgl2/layout.py). `rows` below is the texture rows of one sample of the tensor named.
 
 matmul, token-wise x @ B (+ b), B a weight [I, O] stored O-packed:
 forward    matmul_forward       X, B (, BIAS)  -> Y         rows: batch
@@ -28,7 +28,7 @@ their printed valueAt (ops/optim.py).
 """
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div
+from texelfit.prep.packing import ceil_div
 
 from .. import kl
 from ..kernels import Kernel, Pass

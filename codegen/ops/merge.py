@@ -11,7 +11,7 @@ grad_sum   grad_sum        G0, G1, ... -> dT         rows: batch   (a tensor wit
 """
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div
+from texelfit.prep.packing import ceil_div
 
 from .. import kl
 from ..kernels import Kernel, Pass

@@ -8,13 +8,13 @@ avgpool         avgpool_forward        X        -> Y                            
 global_avgpool  global_avgpool_forward X        -> Y (C,) or (C, 1, 1)               rows: batch
                 global_avgpool_grad    DY       -> dX                                rows: batch
 
-An image (C, H, W) is stored with row n * H + h of sample n and texel w * C4 + c / 4 (prep/layout.py).
+An image (C, H, W) is stored with row n * H + h of sample n and texel w * C4 + c / 4 (codegen/webgl2/layout.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from texelfit.prep.layout import ceil_div
+from texelfit.prep.packing import ceil_div
 
 from .. import kl
 from ..kernels import Kernel, Pass

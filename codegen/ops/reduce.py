@@ -9,14 +9,16 @@ Index arithmetic over the layout, computed here: an output element e (row-major 
 shape, which is the input's with the reduced axes 1) sits at base(e) = sum over the kept axes of
 ((e / kstride) % dim) * instride in the input, and reduced element r (row-major over the reduced
 axes) at base(e) + sum over the reduced axes of ((r / rstride) % dim) * instride. A flat input index
-is a position of the channel-packed layout through chw (prep/layout.py). Written in the kernel language
+is a position of the channel-packed layout through chw (codegen/webgl2/layout.py). Written in the kernel language
 (codegen/kl.py): each lane of an output texel is a channel of its own, computed by a loop over the lanes.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from texelfit.prep.layout import ceil_div, chw, storage_strides
+from texelfit.prep.packing import ceil_div, chw
+
+from texelfit.codegen.webgl2.layout import storage_strides
 
 from .. import kl
 from ..kernels import Kernel, Pass, glsl_float

@@ -9,7 +9,7 @@ Written in the kernel language (codegen/kl.py): the taps are its constant arrays
 from __future__ import annotations
 
 from texelfit.prep import resample as rs
-from texelfit.prep.layout import ceil_div
+from texelfit.prep.packing import ceil_div
 
 from .. import kl
 from ..kernels import Kernel, Pass

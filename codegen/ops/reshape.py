@@ -11,7 +11,9 @@ lanes stay zero.
 """
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div, flattens_in_place
+from texelfit.prep.packing import ceil_div
+
+from texelfit.codegen.webgl2.layout import flattens_in_place
 
 from .. import kl
 from ..kernels import Kernel, Pass

@@ -12,7 +12,7 @@ log-probabilities, computes; predict returns what the model returns.
 """
 from __future__ import annotations
 
-from texelfit.prep.layout import ceil_div, chw
+from texelfit.prep.packing import ceil_div, chw
 
 from .. import kl
 from ..kernels import Kernel, Pass

@@ -10,7 +10,7 @@ import numpy as np
 from .. import batch_axis as ba
 from ..errors import BuildError
 from ..ir import Layer, Param
-from ..load import PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_SHAPES_KEY, TIED_KEY, TRANSPOSED_KEY
+from ..naming import PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_SHAPES_KEY, TIED_KEY, TRANSPOSED_KEY
 from ..shape import chain_shape, part_shape
 from .common import scope_name, where
 
@@ -238,7 +238,7 @@ class Importer:
         if matmul_layout:
             transposed = source not in self.stored_transposed
             arr = arr if transposed else arr.T
-        elif source in self.state_shapes:  # the state_dict tensor, exported in another shape (load.STATE_SHAPES_KEY)
+        elif source in self.state_shapes:  # the state_dict tensor, exported in another shape (naming.STATE_SHAPES_KEY)
             arr = arr.reshape(self.state_shapes[source])
         arr = np.ascontiguousarray(arr)
         uses[source] = uses.get(source, 0) + 1

@@ -13,7 +13,7 @@ from .common import N, where
 
 def embedding(node, a, ids, table: str, params, shapes, padding_idx) -> Layer:
     """Gather(table, ids) on axis 0, what nn.Embedding exports: ids (T,) -> tokens (T, F). The table keeps
-    its state_dict name; its padding_idx (prep/load.py: PADDING_IDX_KEY) is recorded, its row gets no
+    its state_dict name; its padding_idx (prep/naming.py: PADDING_IDX_KEY) is recorded, its row gets no
     gradient as in PyTorch."""
     w = params[table].array
     if int(a.get("axis", 0)) != 0 or w.ndim != 2:

@@ -17,10 +17,10 @@ An OpDef carries:
                                               cut to the kept channels with cut_param(name, out_keep, in_keep)
     weight_layout(layer, graph, param, role) -> (Packing, height)
                                               how a parameter it reads other than a bias is laid out in its
-                                              texture (prep/layout.py: plan_layout; a bias is always one row)
+                                              texture (codegen/webgl2/layout.py: plan_layout; a bias is always one row)
     saves(layer, graph) -> prefixes           the per-sample textures (of its output's shape, role "argmax") its
                                               forward writes beside its output for its backward, e.g. ("argmax:",)
-                                              (prep/layout.py: plan_layout)
+                                              (codegen/webgl2/layout.py: plan_layout)
     kernels                                   the codegen module declaring its passes (codegen/ops/<kernels>.py,
                                               codegen/ops/__init__.py: FAMILIES); None only for an op folded
                                               away before codegen

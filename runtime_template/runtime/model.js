@@ -31,7 +31,7 @@ class Model {
       precision: gpu.precision,
       parameters: MODEL.parameters,
       maxTextureSize: caps.textureLimit,
-      // those folded past the size limit (not a blocked part folded on every device: layout.blocked_fold)
+      // those folded past the size limit (not a blocked part folded on every device: blocking.blocked_fold)
       foldedTextures: [...gpu.textures.values()].filter((r) => r.tiled && !r.spec.fold).length,
       loss: MODEL.defaultLoss,
       trainable: Object.freeze(MODEL.trainable.slice()), // the parameters that train (build --trainable)
@@ -256,5 +256,5 @@ export const modelInfo = Object.freeze({
   ...(MODEL.inputs ? { inputs: MODEL.inputs.map((i) => ({ name: i.name, shape: i.shape, dtype: i.dtype })) } : {}),
 });
 
-// The channel-packed layout as implemented here, for tests that pin it to prep/layout.py.
+// The channel-packed layout as implemented here, for tests that pin it to codegen/webgl2/layout.py.
 export const layout = Object.freeze({ packTexels, unpackTexels });

@@ -1,5 +1,5 @@
 // ---- texture pool and the channel-packed layout -------------------------------------------------
-// The layout is drawn in prep/layout.py. A packing pk = [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c]
+// The layout is drawn in codegen/webgl2/layout.py. A packing pk = [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c]
 // says: texel (x = b * C4 + c4, y = r) holds channels 4*c4 .. 4*c4+3 of (row r, block b), and
 // element (r, b, c) of the source array sits at (r / r2 | 0) * s_r1 + (r % r2) * s_r2 + b * s_b + c * s_c.
 
@@ -100,7 +100,7 @@ function createTextures(gl, limit, precision) {
     const expand = FORMATS[format].expand;
     const width = spec.width * expand;
     const fits = width <= limit && spec.height <= limit;
-    // (a blocked part of few rows, spec.fold, is folded on every device: layout.py, blocked_fold)
+    // (a blocked part of few rows, spec.fold, is folded on every device: webgl2/blocking.py: blocked_fold)
     const pw = fits ? (spec.fold || spec.width) * expand : limit - (limit % expand); // whole logical texels per row
     const ph = Math.ceil((width * spec.height) / pw);
     if (ph > limit) {
