@@ -2,8 +2,7 @@
 // The modules are parts of one ES module, the bundle (codegen/render.py concatenates them after the bundle's data:
 // MODEL, TEXTURES, ...): a name one module declares at its top level is in scope in every other. So each file is
 // linted with the others' top-level names (and the bundle's data) as globals, and a top-level name it declares is
-// unused only if no other module reads it either. The modules still written as templates (*.js.j2) are scanned
-// for their names, not linted.
+// unused only if no other module reads it either.
 import fs from 'node:fs';
 import path from 'node:path';
 import js from '@eslint/js';
@@ -22,7 +21,7 @@ function topLevelNames(text) {
   return names;
 }
 
-const files = fs.readdirSync(DIR).filter((f) => f.endsWith('.js') || f.endsWith('.js.j2')).sort();
+const files = fs.readdirSync(DIR).filter((f) => f.endsWith('.js')).sort();
 const texts = Object.fromEntries(files.map((f) => [f, fs.readFileSync(path.join(DIR, f), 'utf8')]));
 const declared = Object.fromEntries(files.map((f) => [f, topLevelNames(texts[f])]));
 // the bundle's data, which its template declares before the modules (MODEL, TEXTURES, ...)
@@ -30,7 +29,7 @@ const DATA = topLevelNames(fs.readFileSync('runtime_template/bundle.js.j2', 'utf
 
 export default [
   js.configs.recommended,
-  ...files.filter((f) => f.endsWith('.js')).map((f) => {
+  ...files.map((f) => {
     const others = new Set(DATA);
     for (const g of files) if (g !== f) for (const n of declared[g]) others.add(n);
     for (const n of declared[f]) others.delete(n);

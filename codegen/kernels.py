@@ -55,7 +55,7 @@ class Kernel:
     # an optimizer's (ops/optim.py; its `kl` reads kl.gradient()): the gradient kernel it includes. On WebGL2 its
     # GLSL goes before main as the function valueAt: its template with `optimizer` set (a template or a routine), or
     # printed from its `kl` (kl_print.glsl(value=True)); the CPU runs its function into a scratch texture first
-    # (codegen/schedule.py: serialize; runtime/cpu.js.j2: cpuOptimizer)
+    # (codegen/schedule.py: serialize; runtime/cpu.js: cpuOptimizer)
     gradient: Kernel | None = field(default=None, hash=False, compare=False)
 
     @property

@@ -26,7 +26,7 @@ float without a branch).
 An optimizer (ops/optim.py) reads `gradient()`: the parameter's gradient at the output texel, computed by the
 gradient kernel its pass includes. GLSL prints it as valueAt(_p), the gradient kernel's function placed before main
 (codegen/kernels.py: render_kernel); JavaScript and WGSL as the texel of the output's coordinate in an input named G,
-a scratch texture the backend fills with the gradient kernel first (runtime/cpu.js.j2: cpuOptimizer). Statements in
+a scratch texture the backend fills with the gradient kernel first (runtime/cpu.js: cpuOptimizer). Statements in
 `with k.variant("NAME"):` run in the program compiled with NAME defined alone on WebGL2 (#ifdef NAME: fit's
 PROXIMAL variant, runtime/runner.js: variant); the other targets run them always, where they bind what makes them
 do nothing in a run without the variant (u_mu 0, the parameter itself as P0).

@@ -3,7 +3,7 @@
     glsl(k)              the body of a GLSL ES 3.00 fragment shader (after the prelude: kernels/prelude.glsl.j2
                          declares getX(row, col4), the uniforms and out0, out1, ...); a vec4 is a vec4
     js(k, inputs, n)     a JavaScript function (c, [X...], [Y...], u, rows) of the CPU backend
-                         (runtime/cpu.js.j2: CpuRunner), drawing what the GPU draws: every texel of the first
+                         (runtime/cpu.js: CpuRunner), drawing what the GPU draws: every texel of the first
                          `rows` rows; a vec4 is four numbers, one variable a lane, and each load of a statement
                          reads its texel's index once
 
@@ -334,7 +334,7 @@ class _JS:
             return f"c.{e.value[0]}[{self.lanewise(e.args[0])}][l]"
         if op == "vec4_of":
             return f"{self.vec(e)}[l]"
-        if op == "gradient":  # the scratch gradient (an input G of the output's shape: cpu.js.j2, cpuOptimizer)
+        if op == "gradient":  # the scratch gradient (an input G of the output's shape: cpu.js, cpuOptimizer)
             self.gradient = True
             return "G.data[o + l]"
         if op == "mix":

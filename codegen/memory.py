@@ -24,7 +24,7 @@ which takes a slot of as many storages, all of one size, from units of as many t
 
 Storage is allocated greedily in the order of first use: a texture takes the free storage that
 grows least (best fit), if it grows by less than the texture's own size, else a new one. The
-runtime (textures.js, cpu.js.j2) makes one texture per storage and format, as large as the
+runtime (textures.js, cpu.js) makes one texture per storage and format, as large as the
 largest of its textures in each dimension (after folding), and gives each of them that one.
 """
 from __future__ import annotations

@@ -150,7 +150,7 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
             if k.routine and k.consts.get("colblock"):  # (and the shapes cpuColumns deals it out by)
                 record["consts"].update({n: k.consts[n] for n in _COLUMN_SHAPE})
             generated[record["cpu"]] = fn
-            if g is not None:  # ... computed by its gradient's function first (runtime/cpu.js.j2: cpuOptimizer)
+            if g is not None:  # ... computed by its gradient's function first (runtime/cpu.js: cpuOptimizer)
                 assert not k.kl.symbols and g.kl is not None, k.name  # (the update's consts are its gradient's)
                 gfn = js(g.kl, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
                 record["gradient"] = {"inputs": len(g.inputs), "cpu": source_id(gfn)[:10]}
@@ -179,7 +179,7 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
     return kernels, data, [{"id": i, "fn": f} for i, f in sorted(generated.items())]
 
 
-# the constants of a routine's blocked output (runtime/cpu.js.j2: cpuBlocked, cpuColumns), kept beside its generic
+# the constants of a routine's blocked output (runtime/cpu.js: cpuBlocked; cpu_columns.js: cpuColumns), kept beside its generic
 # kernel's symbols for the CPU
 _LAID_OUT = ("blocked", "block", "colblock", "halves", "colin")
 _COLUMN_SHAPE = ("oh", "ow", "oc4", "ih", "iw", "ic4")

@@ -1,4 +1,4 @@
-"""The CPU backend (runtime/cpu.js.j2): the same API and schedule as WebGL2, in plain JavaScript.
+"""The CPU backend (runtime/cpu.js): the same API and schedule as WebGL2, in plain JavaScript.
 
 The parity checks of test_ops.py, test_cnn_ops.py, test_train.py and test_cnn_train.py are re-run
 through the same helpers with createModel({ backend: 'cpu' }), with the same tolerances:

@@ -327,7 +327,7 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
         k, names = p.kernel, p.kernel.inputs
         specs = [plan.textures[t] for t in p.inputs]
         # a WebGL2 routine's generic kernel (Kernel.routine) writes its own outputs: a blocked one's, the whole tensor
-        # the routine's parts (blk0..7:T) hold, which the CPU deals out (runtime/cpu.js.j2: cpuBlocked)
+        # the routine's parts (blk0..7:T) hold, which the CPU deals out (runtime/cpu.js: cpuBlocked)
         outputs = len(k.kl.written) if k.routine else k.outputs
         out = plan.textures[p.outputs[0].split(":", 1)[1] if p.outputs[0].startswith("blk") else p.outputs[0]]
         rows, width = out.height, out.width

@@ -3,7 +3,7 @@
 WebGL2 runs the hand-written GLSL templates beside them (conv_forward, conv_grad_input, conv_grad_weight,
 conv_transpose_forward: 4x4 channel blocks a fetch, depthwise, sample-blocked and column-blocked draws); each such
 Kernel has both (Kernel.routine), and the CPU deals the generic kernel's output out as the routine lays it out
-(runtime/cpu.js.j2: cpuBlocked, cpuColumns). These are written for clarity: a texel's 4 lanes one by one, each
+(runtime/cpu.js: cpuBlocked; cpu_columns.js: cpuColumns). These are written for clarity: a texel's 4 lanes one by one, each
 an output channel, its sum over the taps and the channels of its group. `c` is the conv's constants
 (ops/conv.py: _consts; a conv_transpose's, ops/conv_transpose.py: _as_conv); their names are the symbols'.
 

@@ -19,7 +19,7 @@ Every kernel here has a generic kernel written in the kernel language (forward_k
 grad_weight_kl below; interleave_kl in ops/common.py), which the CPU backend and WGSL print; on WebGL2 the hand
 templates (kernels/dense_*.glsl.j2, interleave.glsl.j2: the sample-blocked and split-K fragments) run beside them
 as routines (Kernel.routine), and the CPU deals a blocked pass's generic result out as the routine lays it out
-(runtime/cpu.js.j2: cpuBlocked). tests/test_kl_dense_backends.py runs both on the same inputs.
+(runtime/cpu.js: cpuBlocked). tests/test_kl_dense_backends.py runs both on the same inputs.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ The updates are written once in the kernel language (codegen/kl.py), reading the
 WebGL2 that is valueAt(_p), the gradient kernel's function placed before main (its template included with
 `optimizer` set, or, for one of the kernel language, its GLSL printed as valueAt: codegen/kernels.py: render_kernel);
 on the CPU the printed update reads a scratch texture G that the gradient kernel's function fills first
-(runtime/cpu.js.j2: cpuOptimizer); in WGSL an input G likewise. The proximal term is a KernelDef.variant, PROXIMAL:
+(runtime/cpu.js: cpuOptimizer); in WGSL an input G likewise. The proximal term is a KernelDef.variant, PROXIMAL:
 #ifdef PROXIMAL in the GLSL, so the program without it leaves P0 unread; the CPU and WGSL compute it always (u_mu
 is 0 and P0 the parameter itself there without a proximal fit). u_first, u_nesterov and u_decoupled (0 or 1)
 choose by mix and products, not by a branch, which SwiftShader pays for even when the whole draw takes the same

@@ -2,7 +2,7 @@
 fragment, and the textures that takes (sample-blocked parts blk{t}:T, column-blocked parts col{k}:T, split-K
 partials split:Y; layout.py's table). Each rule is a measurement on the software GPU (SwiftShader) this team
 tunes for, given beside it; a WebGPU backend would have its own (workgroup tiles), the CPU backend computes the
-generic kernels and deals their outputs into these parts (runtime/cpu.js.j2: cpuBlocked, cpuColumns)."""
+generic kernels and deals their outputs into these parts (runtime/cpu.js: cpuBlocked; cpu_columns.js: cpuColumns)."""
 from __future__ import annotations
 
 from texelfit.prep.ir import Graph

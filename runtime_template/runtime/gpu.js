@@ -5,7 +5,7 @@
 //                              or null if lost; with `check`, rejects (out-of-memory, gpu-error) on a GL error
 //   clear(rec)                 zero both halves
 //   lost(), dispose()
-// The CPU backend (cpu.js.j2) implements the same interface.
+// The CPU backend (cpu.js) implements the same interface.
 
 // Loss scaling by tier: in float16 the activations' gradients are half floats, whose normal range
 // ends at 6e-5; the loss gradient is scaled up by this and the weight gradients scaled back down

@@ -39,7 +39,7 @@ function runsAt(p, batch, drawBuffers) {
     (p.wide === null || p.wide === drawBuffers >= MODEL.columnParts);
 }
 
-// What a runner (Runner here, CpuRunner in cpu.js.j2) holds for the static schedule: the per-step
+// What a runner (Runner here, CpuRunner in cpu.js) holds for the static schedule: the per-step
 // values read by the kernels' uniforms (names as in codegen/kernels.py), the pass lists resolved by
 // runner.resolve(pass, input records, output records), and the textures each optimizer swaps.
 // SCHEDULE names a texture by its index in TEXTURES.

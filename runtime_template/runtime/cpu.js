@@ -35,53 +35,6 @@ function cpuBlocked(twin) {
   };
 }
 
-{% if cpu_columns %}
-// Where texel k of position ow of a row of a column-blocked tensor lies (webgl2/blocking.py: column_blocked; b positions a
-// block, qb blocks a row, c4h texels a half): texel column (k - g*c4h) * qb + ow / b of part b*g + ow % b, g = k / c4h
-// its half (the interleave_cols kernel reads them so: codegen/ops/conv_kl.py). [part, texel column]
-function cpuColumnAt(ow, k, b, qb, c4h) {
-  const g = Math.floor(k / c4h);
-  return [b * g + ow % b, (k - g * c4h) * qb + Math.floor(ow / b)];
-}
-
-// A column-blocked conv forward (c.colblock, layout.py) writes its output as such parts, out0.. . Its generic
-// kernel computes the whole rows as one output, then the texels are dealt out, zeros past c.ow and c.oc4. One
-// reading its input as such parts (c.colin: layout.py column_only) gets them interleaved first, as the generic kernel
-// reads it. (Only the draw into all the parts runs here: runsAt.)
-function cpuColumns(generic) {
-  return (c, inputs, outputs, u, rows) => {
-    if (!c.colblock) return generic(c, inputs, outputs, u, rows);
-    const b = c.colblock, nh = c.halves.length, c4 = c.oc4, width = c.ow * c4;
-    if (c.colin) {
-      const xrows = rows / c.oh * c.ih, xw = c.iw * c.ic4, qb = Math.ceil(c.iw / b), c4h = Math.ceil(c.ic4 / nh);
-      const X = { data: new Float32Array(xrows * xw * 4), width: xw, height: xrows, spec: inputs[0].spec };
-      for (let r = 0; r < xrows; r++) {
-        for (let iw = 0; iw < c.iw; iw++) {
-          for (let k = 0; k < c.ic4; k++) {
-            const [p, col] = cpuColumnAt(iw, k, b, qb, c4h), at = texelAt(inputs[p], r, col);
-            X.data.set(inputs[p].data.subarray(at, at + 4), texelAt(X, r, iw * c.ic4 + k));
-          }
-        }
-      }
-      inputs = [X, ...inputs.slice(nh * b)];
-    }
-    const all = { data: new Float32Array(rows * width * 4), width, height: rows, spec: outputs[0].spec };
-    generic(c, inputs, [all], u, rows);
-    const qb = Math.ceil(c.ow / b), c4h = Math.ceil(c4 / nh);
-    for (let r = 0; r < rows; r++) {
-      for (let ow = 0; ow < b * qb; ow++) {
-        for (let k = 0; k < nh * c4h; k++) {
-          const [p, col] = cpuColumnAt(ow, k, b, qb, c4h), part = outputs[p], at = texelAt(part, r, col);
-          const from = texelAt(all, r, ow * c4 + k);
-          if (ow < c.ow && k < c4) part.data.set(all.data.subarray(from, from + 4), at);
-          else part.data.fill(0, at, at + 4);
-        }
-      }
-    }
-  };
-}
-
-{% endif %}
 // An optimizer pass (ops/optim.py): its inputs are its gradient kernel's (the first `n`), then the proximal anchor
 // P0, the parameter and its states. The gradient kernel's function (`gradient`: a template's twin, or one printed from
 // the kernel language) fills a scratch texture of the parameter's size (one a parameter, kept), which the printed
@@ -100,14 +53,6 @@ function cpuOptimizer(update, gradient, n) {
   };
 }
 
-// The kernels written in the kernel language (codegen/kl.py), printed as JavaScript (codegen/kl_print.py):
-// f(c, inputs, outputs, u, rows) draws what the GPU draws; a kernel's `cpu` is its key.
-const CPU_GENERATED = {
-{% for g in cpu_generated %}
-  '{{ g.id }}': {{ g.fn | indent(2) }},
-{% endfor %}
-};
-
 // The pass runner: the interface of Runner (runner.js.j2) over CPU textures.
 class CpuRunner {
   constructor(textures) {
@@ -122,7 +67,7 @@ class CpuRunner {
     const g = kernel.gradient;
     const generated = cpuBlocked(CPU_GENERATED[kernel.cpu]);
     const fn = g ? cpuOptimizer(CPU_GENERATED[kernel.cpu], cpuBlocked(CPU_GENERATED[g.cpu]), g.inputs)
-      : {{ "cpuColumns(generated)" if cpu_columns else "generated" }};
+      : cpuColumns(generated);
     if (!CPU_GENERATED[kernel.cpu] || (g && !CPU_GENERATED[g.cpu])) {
       throw new TexelfitError('cpu-kernel', `kernel "${kernel.name}" has no CPU function`);
     }
