@@ -25,7 +25,7 @@ from .naming import ALIASES_KEY, initializer_arrays
 from .lower import LOWERINGS, lower
 # the modules that register LOWERINGS entries: Einsum, DepthToSpace, SpaceToDepth, CumSum; InstanceNormalization
 # (they import lower.py, which imports neither: no cycle)
-from . import lower_ops, normalization  # noqa: F401
+from . import lower_masks, lower_ops, normalization  # noqa: F401
 from .onnx_import.common import input_dtype_of, node_attrs, pool_out, shape_list, where  # noqa: F401 (re-exported)
 from .onnx_import.constants import SHAPE_ONLY  # noqa: F401 (re-exported)
 from .onnx_import.ctx import Importer

@@ -13,6 +13,10 @@ An entry may raise BuildError naming the op, the node and what is unsupported. A
 another module registers itself at that module's import; prep/graph.py imports it (beside lower_ops and
 normalization), so that its SUPPORTED_OPS, which reads this table, sees it (tests/test_imports.py: no cycle).
 
+An entry may also rewrite a pattern that starts at its node and ends at a later one: it writes the later
+node's replacement with `ctx.replace(later, nodes)` (and `ctx.replace(n, [])` for the nodes between, read by
+the pattern only), and `lower` writes those in the later node's place.
+
 `ctx.shape(name)` is a tensor's shape from ONNX shape inference (of the model before any lowering, its
 inputs given their per-sample shapes): the batch axis, the only dynamic one, is the string "N"; a Reshape
 target written by a lowering keeps it as 0 (copy the input's) or -1.
@@ -50,6 +54,12 @@ class LowerCtx:
         self._taken = {t for n in model.graph.node for t in list(n.input) + list(n.output)} | \
             {n.name for n in model.graph.node} | set(self._consts) | {i.name for i in model.graph.input}
         self.new_initializers: list = []
+        self.replaced: dict[str, list] = {}  # a later node (by its first output) -> the nodes written in its place
+        self._producers = {o: n for n in model.graph.node for o in n.output}
+        self._users: dict[str, list] = {}
+        for n in model.graph.node:
+            for i in n.input:
+                self._users.setdefault(i, []).append(n)
         # shapes: every input's batch dim symbolic, its per-sample dims the given ones (build --input-shape)
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
@@ -92,6 +102,19 @@ class LowerCtx:
     def const(self, name: str):
         """The value of an initializer or a Constant node's output, else None."""
         return self._consts.get(name)
+
+    def producer(self, name: str):
+        """The node writing tensor `name` (None: an input, an initializer)."""
+        return self._producers.get(name)
+
+    def users(self, name: str) -> list:
+        """The nodes reading tensor `name`, in order; a graph output is read by None too."""
+        outputs = [None] if any(o.name == name for o in self.model.graph.output) else []
+        return self._users.get(name, []) + outputs
+
+    def replace(self, node, nodes: list) -> None:
+        """Write `nodes` in place of `node`, a node after the one being lowered (a pattern that ends there)."""
+        self.replaced[node.output[0]] = list(nodes)
 
     def is_parameter(self, name: str) -> bool:
         """Whether `name` is a parameter (prep/load.py records them: naming.PARAMETERS_KEY), which trains whatever its
@@ -175,6 +198,9 @@ def lower(model, input_shapes=None):
     ctx = LowerCtx(model, input_shapes)
     nodes = []
     for node in model.graph.node:
+        if node.output and node.output[0] in ctx.replaced:  # (an earlier entry's pattern ended here: ctx.replace)
+            nodes.extend(ctx.replaced.pop(node.output[0]))
+            continue
         fn = LOWERINGS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         nodes.extend(fn(node, ctx) if fn is not None else [node])
     out = onnx.ModelProto()

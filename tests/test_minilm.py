@@ -102,6 +102,38 @@ def test_sentence_embeddings_from_the_bundles_tokenizer_match_sentence_transform
 TOKENS = 32
 
 
+class AsLoaded(nn.Module):
+    """all-MiniLM-L6-v2 as a user writes it around what sentence-transformers loads (issue 32): its BertModel
+    itself (not texelfit.minilm's rewrite), mean pooling over the mask and F.normalize."""
+
+    def __init__(self):
+        super().__init__()
+        self.bert = minilm.sentence_transformer()[0].auto_model
+
+    def forward(self, input_ids, attention_mask):
+        h = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        w = attention_mask[:, :, None].to(h.dtype)
+        return F.normalize((h * w).sum(1) / w.sum(1).clamp(min=1e-9), p=2, dim=1)
+
+
+def test_the_bert_model_sentence_transformers_loads_builds_as_it_is(web, site):
+    """transformers' BertModel with its own masks (Range over the batch, And, GatherElements: prep/lower_masks.py)
+    and its own embeddings (every position row and the token-type table are parameters that train)."""
+    module = AsLoaded().eval()
+    url, result = build(site, "minilm_as_loaded", module, TOKENS, max_batch=10)
+    # every parameter but the pooler's, which the output does not read (PyTorch gives it no gradient either)
+    assert result.report["parameters"] == sum(p.numel() for n, p in module.named_parameters()
+                                              if not n.startswith("bert.pooler."))
+    texts = sentences(10, 5)
+    ids = minilm.tokenize(texts, TOKENS)
+    got = run_model(web, url, f"return Array.from(await m.predict({X}, 10));", {"x": js_inputs(ids)})
+    got = np.asarray(got, dtype=np.float64).reshape(10, 384)
+    ref = minilm.sentence_transformer(TOKENS).encode(texts).astype(np.float64)
+    cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.min() > 0.9999, cos
+    assert_close("as loaded vs SentenceTransformer.encode", got, ref, atol=1e-5, rtol=0)
+
+
 def data(n, seed):
     texts = sentences(n, seed)
     ids = minilm.tokenize(texts, TOKENS)

@@ -17,7 +17,7 @@ from .registry import ANY, imports
 
 # only on constants and shape values (Expand and ConstantOfShape also to a batch of one constant sample:
 # an operand of Concat)
-SHAPE_ONLY = ("Shape", "Gather", "Cast", "Equal", "Where", "Expand", "ConstantOfShape")
+SHAPE_ONLY = ("Shape", "Gather", "Cast", "Equal", "Where", "Expand", "ConstantOfShape", "GatherElements", "Range")
 
 
 @imports("Constant")
@@ -148,11 +148,59 @@ def cast_ids(cx, s) -> bool:
     """Token ids are exact floats in every tier: a Cast of them to int32, int64, float or double is the same
     values (to bool or to a narrower type would not be: those fail in shape_only)."""
     a, ins = s.a, s.ins
-    if not (cx.alias.get(ins[0], ins[0]) in cx.integer and a.get("to") in (1, 6, 7, 11)):
+    integer = cx.alias.get(ins[0], ins[0]) in cx.integer
+    if not ((integer and a.get("to") in (1, 6, 7, 11)) or (a.get("to") in (1, 11) and _view_of_integers(cx, ins[0]))):
         return False
     cx.alias[s.out] = cx.act(ins[0])
     if a.get("to") in (6, 7):  # to int32, int64
         cx.integer.add(s.out)
+    return True
+
+
+_VIEWS = ("Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Identity")
+
+
+def _view_of_integers(cx, name) -> bool:
+    """Whether activation `name` is integers seen in another shape (`attention_mask[:, :, None]`): cast to float,
+    it is those values (a view keeps them, in the tier's precision as every float activation)."""
+    while name not in cx.consts and cx.alias.get(name, name) not in cx.integer:
+        node = next((n for n in cx.g.node if name in n.output), None)
+        if node is None or node.op_type not in _VIEWS:
+            return False
+        name = node.input[0]
+    return name not in cx.consts
+
+
+@imports("Cast")
+def cast_bool(cx, s) -> bool:
+    """An activation cast to bool (transformers' attention mask): x != 0, as 1 or 0 (select_eq). Every boolean
+    activation is so, 1 or 0, as the ops that read one take it (where_boolean; And, Or and Not lowered to
+    arithmetic: prep/lower_masks.py)."""
+    if s.a.get("to") != 9 or s.ins[0] in cx.consts or s.ins[0] in cx.batch_consts:
+        return False
+    x = cx.act(s.ins[0])
+    cx.layers.append(Layer("select_eq", s.node.name, [x], [s.out], {"value": 0.0, "fill": 0.0, "other": 1.0}))
+    cx.shapes[s.out] = cx.shapes[x]
+    return True
+
+
+@imports("Where")
+def where_boolean(cx, s) -> bool:
+    """Where(c, x, y) of a boolean activation c (1 or 0: cast_bool) between two constants (transformers' additive
+    attention mask, 0 where a token is attended and float32's lowest where not): select_eq(c, 1, x, y)."""
+    ins = s.ins
+    if ins[0] in cx.consts or ins[0] in cx.batch_consts or ins[0] in cx.equals:
+        return False
+    picked = []
+    for t in ins[1:3]:
+        v = cx.consts.get(t)
+        vals = None if v is None or isinstance(v, list) else np.unique(np.asarray(v, dtype=np.float64))
+        if vals is None or vals.size != 1:
+            return False
+        picked.append(float(np.clip(vals[0], -F32_MAX, F32_MAX)))
+    x = cx.act(ins[0])
+    cx.layers.append(Layer("select_eq", s.node.name, [x], [s.out], {"value": 1.0, "fill": picked[0], "other": picked[1]}))
+    cx.shapes[s.out] = cx.shapes[x]
     return True
 
 

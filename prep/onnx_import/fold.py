@@ -79,6 +79,16 @@ def fold(node, op, a, vals):
             return np.asarray(data)[tuple(sl)]
         if op in ("Identity", "Dropout"):
             return vals[0]
+        if op == "GatherElements" and not any(isinstance(v, list) for v in vals):
+            data, idx = (np.asarray(v) for v in vals)
+            axis = int(a.get("axis", 0)) % data.ndim
+            return np.take_along_axis(data, np.where(idx < 0, idx + data.shape[axis], idx).astype(np.int64), axis)
+        if op == "Range" and not any(isinstance(v, (list, str)) for v in vals):
+            start, limit, delta = (np.asarray(v).reshape(-1)[0] for v in vals)
+            return np.arange(start, limit, delta, dtype=np.result_type(start, limit, delta))
+        if op in ("And", "Or", "Xor", "Not") and not any(isinstance(v, list) for v in vals):
+            fn = {"And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor, "Not": np.logical_not}[op]
+            return fn(*[np.asarray(v, dtype=bool) for v in vals])
         if op in _NUMPY_FOLD and not any(isinstance(v, list) for v in vals):
             return _NUMPY_FOLD[op](*[np.asarray(v) for v in vals if v is not None])
         if op == "Reshape" and not isinstance(vals[0], list):

@@ -27,6 +27,8 @@ ORDER = (
     constants.shape,
     shape_ops.batch_view,
     constants.cast_ids,
+    constants.cast_bool,
+    constants.where_boolean,
     tables.token_embedding,
     constants.shape_only,
     # layers

@@ -94,10 +94,14 @@ def position_gather(cx, s) -> bool:
     table): an embedding of constant ids, so that the table trains (prep.load never lets onnxsim fold it, and
     this does not either)."""
     node, a, ins, out = s.node, s.a, s.ins, s.out
-    if not (ins[0] in cx.trainable_names and same_rows_each_sample(a, cx.consts.get(ins[1]))):
+    idx = cx.consts.get(ins[1])
+    if ins[1] in cx.batch_consts:  # (ids repeated over the batch: BERT's token types, all 0, when none are given)
+        idx = cx.batch_consts[ins[1]]
+        idx = idx.astype(np.int64) if np.array_equal(idx, np.round(idx)) else None
+    if not (ins[0] in cx.trainable_names and same_rows_each_sample(a, idx)):
         return False
     ids = f"{out}:ids"
-    cx.gather(node, ids, [{"input": None, "const": Constant(np.asarray(cx.consts[ins[1]]).reshape(-1)), "ops": []}],
+    cx.gather(node, ids, [{"input": None, "const": Constant(np.asarray(idx).reshape(-1)), "ops": []}],
               [], name=f"{node.name}:ids")
     cx.integer.add(ids)
     cx.layers.append(embedding(node, a, ids, cx.param(node, 0), cx.params, cx.shapes, cx.padding_idx))

@@ -1,0 +1,186 @@
+"""Hugging Face text classifiers as people load them (issue 32): `AutoModelForSequenceClassification` of BERT,
+ELECTRA and DistilBERT from small random-init configs (no download), exported as they are and called
+(input_ids, attention_mask[, token_type_ids]). transformers 5 builds their padding masks with vmapped functions
+(Range over the batch, And, a Cast to bool, a GatherElements of token-type ids): prep/lower_masks.py and the
+import rules cast_bool and where_boolean take them (the batch never moves).
+
+Forward, the gradient of every parameter (keyed by named_parameters(): the trainable set is the module's) and
+Adam steps against PyTorch on WebGL2 float32 for each family, on the CPU backend and in the rgba8 tier for BERT,
+with rows padded to different lengths; the token types as a third input; and the same BERT exported to an ONNX
+file by its user.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers as tf
+
+from helpers import FWD, GRAD, OPTIMIZERS, TRAJ_LOSS, TRAJ_W, assert_close, run_model, torch_optimizer
+from texelfit.build import compile_onnx
+from texelfit.prep.errors import BuildError
+from texelfit.prep.load import export_simplified, load_onnx
+
+T, V, LABELS = 12, 40, 3
+SMALL = dict(vocab_size=V, num_labels=LABELS, attn_implementation="eager", max_position_embeddings=32)
+FAMILIES = {
+    "bert": (tf.BertForSequenceClassification, tf.BertConfig, dict(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)),
+    "electra": (tf.ElectraForSequenceClassification, tf.ElectraConfig, dict(
+        embedding_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)),
+    "distilbert": (tf.DistilBertForSequenceClassification, tf.DistilBertConfig, dict(
+        dim=16, n_layers=2, n_heads=2, hidden_dim=24)),
+}
+BACKENDS = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"}}
+
+
+def classifier(family: str, perturbed: bool = True):
+    """The family's classifier, random init (seeded); `perturbed`: every parameter moved off its init (HF's zero
+    biases and unit LayerNorm weights would hide a bias or scale read from the wrong place)."""
+    cls, config, sizes = FAMILIES[family]
+    torch.manual_seed(0)
+    model = cls(config(**SMALL, **sizes)).eval()
+    if perturbed:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+def data(batch, seed, types=False):
+    """Ids, masks of rows padded to different lengths (row 0 not at all, row 1 to one token), labels; with
+    `types`, token type ids (0 then 1 from a random point, as sentence pairs)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (batch, T), generator=g)
+    lengths = torch.randint(1, T + 1, (batch,), generator=g)
+    lengths[0], lengths[1 % batch] = T, 1
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    y = torch.randint(0, LABELS, (batch,), generator=g)
+    x = {"input_ids": ids, "attention_mask": mask}
+    if types:
+        x["token_type_ids"] = (torch.arange(T)[None, :] >= torch.randint(1, T, (batch, 1), generator=g)).long()
+    return x, y
+
+
+def build(site, folder, model, names=("input_ids", "attention_mask"), **options):
+    shapes = [(T,)] * len(names)
+    onnx_model = export_simplified(model, shapes, list(names), ["int64"] * len(names))
+    result = compile_onnx(onnx_model, name="model", input_shape=shapes, input_dtype=["int64"] * len(names),
+                          max_batch=8, **options)
+    return f"{site.add_files(folder, result.files)}/model.js"
+
+
+def js_inputs(x) -> dict:
+    return {k: v.reshape(-1).tolist() for k, v in x.items()}
+
+
+OP = """
+    const x = Object.fromEntries(Object.entries(args.x).map(([k, v]) => [k, Int32Array.from(v)]));
+    const y = Int32Array.from(args.y);
+    return { out: Array.from(await m.predict(x, args.batch)), grads: arr(await m.gradients(x, y)),
+             trainable: m.info.trainable };
+"""
+
+
+def check_forward_and_gradients(web, site, family, backend, *, types=False, batch=4):
+    model = classifier(family)
+    x, y = data(batch, 1, types)
+    url = build(site, f"hf_{family}_{backend}_{types}", model, tuple(x))
+    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": batch}, BACKENDS[backend])
+    model.zero_grad()
+    out = model(**x).logits
+    F.cross_entropy(out, y).backward()
+    assert_close(f"{family} forward", got["out"], out.detach().numpy(), **FWD)
+    named = dict(model.named_parameters())
+    assert sorted(got["trainable"]) == sorted(named)  # every parameter trains, under its state_dict name
+    assert sorted(got["grads"]) == sorted(named)
+    for name, p in named.items():
+        assert_close(f"{family} d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_classifier_as_loaded_gives_pytorchs_outputs_and_gradients(web, site, family):
+    check_forward_and_gradients(web, site, family, "webgl")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "rgba8"])
+def test_bert_on_the_cpu_backend_and_in_rgba8(web, site, backend):
+    check_forward_and_gradients(web, site, "bert", backend)
+
+
+def test_bert_with_token_types_as_a_third_input(web, site):
+    check_forward_and_gradients(web, site, "bert", "webgl", types=True)
+
+
+FIT = """
+    const x = Object.fromEntries(Object.entries(args.x).map(([k, v]) => [k, Int32Array.from(v)]));
+    const r = await m.fit(x, Int32Array.from(args.y), { batchSize: 3, epochs: 1, shuffle: false, dropout: false,
+                                                         optimizer: args.optimizer });
+    return { loss: r.loss, weights: arr(await m.getWeights()) };
+"""
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_sgd_steps_from_a_fresh_init_are_pytorchs(web, site, family):
+    """Three SGD steps (momentum, weight decay) from the family's own init (zero biases, unit LayerNorm weights),
+    dropout off (the exported dropout modules would apply it in fit, as model.train() does). Not Adam: the key
+    projection's bias has a gradient of exactly 0 in exact arithmetic (softmax is shift-invariant over the keys),
+    so its float32 gradient is rounding noise, whose sign Adam turns into steps of lr either way: its trajectory
+    would compare two roundings, in the browser and in PyTorch, not two trainings."""
+    model = classifier(family, perturbed=False)
+    x, y = data(9, 2)
+    url = build(site, f"hf_fit_{family}", model)
+    cfg = OPTIMIZERS["sgd_momentum_wd"]
+    got = run_model(web, url, FIT, {"x": js_inputs(x), "y": y.tolist(), "optimizer": cfg})
+    opt = torch_optimizer(cfg, list(model.parameters()))
+    losses = []
+    for s in range(0, 9, 3):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(**{k: v[s:s + 3] for k, v in x.items()}).logits, y[s:s + 3])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert_close(f"{family} losses", got["loss"], losses, **TRAJ_LOSS)
+    for name, p in model.named_parameters():
+        assert_close(f"{family} {name} after 3 steps", got["weights"][name], p.detach().numpy(), **TRAJ_W)
+
+
+def test_bert_exported_to_onnx_by_its_user_builds(web, site, tmp_path):
+    """torch.onnx.export at opset 17, as a user writes it; with its state_dict (--weights) the parameters get
+    their names back, and predict and every gradient are PyTorch's."""
+    model = classifier("bert")
+    x, y = data(4, 3)
+    x["input_ids"].clamp_(min=1)  # (an ONNX file has no padding_idx: row 0 would train here and not in PyTorch)
+    path, weights = str(tmp_path / "bert.onnx"), str(tmp_path / "bert.pt")
+    torch.onnx.export(model, (x["input_ids"][:2], x["attention_mask"][:2]), path, dynamo=False, opset_version=17,
+                      input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                      dynamic_axes={"input_ids": {0: "n"}, "attention_mask": {0: "n"}, "logits": {0: "n"}})
+    torch.save(model.state_dict(), weights)
+    result = compile_onnx(load_onnx(path, weights=weights), name="model", input_shape=[(T,), (T,)], max_batch=8)
+    url = f"{site.add_files('hf_onnx_file', result.files)}/model.js"
+    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": 4})
+    model.zero_grad()
+    out = model(**x).logits
+    F.cross_entropy(out, y).backward()
+    assert_close("bert.onnx forward", got["out"], out.detach().numpy(), **FWD)
+    named = dict(model.named_parameters())
+    assert sorted(got["grads"]) == sorted(named)
+    for name, p in named.items():
+        assert_close(f"bert.onnx d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+
+
+def test_albert_says_its_shared_layers_do_not_train_yet():
+    """ALBERT reads one layer's parameters in every layer (cross-layer sharing): PyTorch trains each with the sum
+    of its gradients, which texelfit does only for a tied embedding and head. The build says so, naming them,
+    instead of training copies apart; frozen (--trainable leaving them out) it builds."""
+    cfg = tf.AlbertConfig(**SMALL, embedding_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=24)
+    torch.manual_seed(0)
+    model = tf.AlbertForSequenceClassification(cfg).eval()
+    onnx_model = export_simplified(model, [(T,), (T,)], ["input_ids", "attention_mask"], ["int64", "int64"])
+    with pytest.raises(BuildError, match=r"'albert.encoder.albert_layer_groups.0.albert_layers.0.ffn.bias': a tied "
+                                         r"parameter \(one tensor read by Add node"):
+        compile_onnx(onnx_model, name="model", input_shape=[(T,), (T,)], input_dtype=["int64", "int64"])
+    result = compile_onnx(onnx_model, name="model", input_shape=[(T,), (T,)], input_dtype=["int64", "int64"],
+                          trainable="classifier.*")
+    assert result.report["trainable"] == ["classifier.weight", "classifier.bias"]
