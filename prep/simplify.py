@@ -2,7 +2,11 @@
 ONNX file's parameters declared for the IR and the build's check of the trainable set (simplify_onnx_file)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
+import tempfile
 
 from .errors import BuildError
 from .naming import PARAMETERS_KEY, SOURCE_KEY, STATE_KEYS_KEY, TIED_KEY, onnx_parameters, restore_state_dict_names, set_meta
@@ -48,7 +52,8 @@ def simplify(model, protect=()):
         # Batch-norm is folded by prep.fold (which keeps the conv's names), equal initializers stay
         # separate parameters, and no scale is multiplied into a conv's weights (its weights would no
         # longer be the state_dict's, nor train as they do in PyTorch).
-        simplified, ok = onnxsim.simplify(model, skip_fuse_bn=True, skipped_optimizers=list(_KEPT_APART))
+        with _folding_warnings_dropped():
+            simplified, ok = onnxsim.simplify(model, skip_fuse_bn=True, skipped_optimizers=list(_KEPT_APART))
     except Exception as e:
         raise BuildError(f"onnxsim failed: {' '.join(str(e).split())[:400]}") from None
     if not ok:
@@ -60,6 +65,28 @@ def simplify(model, protect=()):
         for i in unread:
             simplified.graph.input.remove(i)
     return _constants_as_initializers(simplified)
+
+
+@contextlib.contextmanager
+def _folding_warnings_dropped():
+    """onnxsim prints (to the process' stderr, from C++ and from the onnx reference evaluator it calls) a warning
+    and a traceback for each node it could not fold, such as transformers' GatherElements of token types, which
+    prep/onnx_import evaluates itself or names in its own error. What it printed goes to the user only when it
+    is something else."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            text = f.read().decode("utf-8", "replace")
+    if text and "WARNING: failed to run" not in text:
+        sys.stderr.write(text)
 
 
 def _as_inputs(model, hidden):

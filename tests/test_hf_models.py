@@ -184,3 +184,18 @@ def test_albert_says_its_shared_layers_do_not_train_yet():
     result = compile_onnx(onnx_model, name="model", input_shape=[(T,), (T,)], input_dtype=["int64", "int64"],
                           trainable="classifier.*")
     assert result.report["trainable"] == ["classifier.weight", "classifier.bias"]
+
+
+def bert_classifier():
+    """A factory as a user writes one for `texelfit build mypkg.nets:model` (the CLI test below)."""
+    return classifier("bert")
+
+
+def test_the_cli_builds_a_classifier_as_loaded(tmp_path):
+    from helpers import run_cli
+
+    r = run_cli("build", "test_hf_models:bert_classifier", "--inputs", "input_ids,attention_mask", "--input-dtype",
+                "int64", "--input-shape", str(T), "--input-shape", str(T), "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "bert_classifier.js").exists()
+    assert "Traceback" not in r.stderr and "failed to run" not in r.stderr, r.stderr
