@@ -84,12 +84,15 @@ def constant_on_lazy_view(cx, s) -> bool:
         raise BuildError(f"{where(node)}: {op} of a constant of shape {list(cst.shape)} and a tensor of "
                          f"ONNX shape {v.sizes()}: not supported")
     full = [1 if j == nb[0] else d for j, d in enumerate(v.sizes())]
-    x = cx.materialise(ins[k], "rows", op, where(node))[0]
     name = ins[1 - k]
-    if not all(d == 1 for d in cst.shape[:-1]):  # not per feature alone: spread over the rows
-        if name in cx.initializer_names and name in cx.trainable_names:
-            raise BuildError(f"{where(node)}: a parameter of shape {list(cst.shape)} on tokens: only one "
-                             "per feature (the last axis) is supported")
+    per_feature = all(d == 1 for d in cst.shape[:-1])
+    if not per_feature and ((name in cx.initializer_names and name in cx.trainable_names)
+                            or np.prod(full) > 4096 >= cst.size):
+        # a parameter in the view's shape (ConvNeXt's [C, 1, 1] layer scale), or a constant that its rows form
+        # would spread past what a kernel holds: on the view itself (materialised, as its next reader needs it)
+        return False
+    x = cx.materialise(ins[k], "rows", op, where(node))[0]
+    if not per_feature:  # not per feature alone: spread over the rows
         spread = np.broadcast_to(cst, full).reshape(cx.shapes[x])
         name = f"{node.name}:const"
         consts[name] = np.maximum(np.minimum(spread, 3.4028234663852886e38), -3.4028234663852886e38)
