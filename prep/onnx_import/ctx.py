@@ -155,9 +155,10 @@ class Importer:
 
     def token_wise(self, name) -> bool:
         """Whether a Gemm or MatMul with a weight reads `name` as rows of tokens (a matmul layer), not as
-        one vector a sample (a dense layer)."""
+        one vector a sample (a dense layer): tokens [T, F], or image-shaped [H, W, C] (a channels-last Linear,
+        every pixel a token)."""
         name = self.alias.get(name, name)
-        return name in self.lazy or len(self.shapes[self.act(name)]) == 2
+        return name in self.lazy or len(self.shapes[self.act(name)]) >= 2
 
     def token_matmul(self, node, x, w, out, bias):
         params, shapes = self.params, self.shapes
