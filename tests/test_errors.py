@@ -205,3 +205,29 @@ def test_a_recurrent_layer_fails_the_build_naming_it(kind):
     msg = str(e.value)
     assert f"unsupported ONNX op {kind} (from nn.{kind}) at node '/rnn/{kind}'" in msg, msg
     assert "recurrent layers are not supported yet" in msg, msg
+
+
+class _Windows(torch.nn.Module):
+    """Windows folded into the batch by a computed shape (x.view(n * 4, ...)), as Swin and MobileViT do."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        n = x.shape[0]
+        return self.fc(x.reshape(n * 4, -1)).reshape(n, 16)
+
+
+def test_a_batch_folded_with_windows_is_named_not_a_numpy_message():
+    """Issue 32: the shape arithmetic on the batch size gave numpy's "The 'out' kwarg is necessary when using the
+    string multiply ufunc"; the error names the node and what the model does."""
+    from texelfit.prep.graph import to_ir
+    from texelfit.prep.load import BuildError, export_simplified
+
+    with pytest.raises(BuildError) as e:
+        to_ir(export_simplified(_Windows().eval(), (16,)), (16,))
+    msg = str(e.value)
+    assert "Mul node '/Mul': Mul of the batch size N and ['N', 4]: the model computes a shape that merges the batch " \
+           "with another axis" in msg, msg
+    assert "ufunc" not in msg

@@ -89,6 +89,12 @@ def fold(node, op, a, vals):
         if op in ("And", "Or", "Xor", "Not") and not any(isinstance(v, list) for v in vals):
             fn = {"And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor, "Not": np.logical_not}[op]
             return fn(*[np.asarray(v, dtype=bool) for v in vals])
+        if op in _NUMPY_FOLD and any(isinstance(v, str) or (isinstance(v, np.ndarray) and v.dtype.kind in "OUS")
+                                     for v in vals):
+            raise BuildError(f"{where(node)}: {op} of the batch size N and {[v if isinstance(v, str) else np.asarray(v).tolist() for v in vals]}: the model "
+                             "computes a shape that merges the batch with another axis (windows or patches folded "
+                             "into the batch, as Swin's window attention and MobileViT's unfolding do), which is not "
+                             "supported yet")
         if op in _NUMPY_FOLD and not any(isinstance(v, list) for v in vals):
             return _NUMPY_FOLD[op](*[np.asarray(v) for v in vals if v is not None])
         if op == "Reshape" and not isinstance(vals[0], list):
