@@ -112,16 +112,26 @@ def where_equal(cx, s) -> bool:
     if ins[0] not in cx.equals:
         return False
     x, value = cx.equals[ins[0]]
-    picked = []
-    for t in ins[1:3]:
-        v = cx.consts.get(t, cx.batch_consts.get(t))
-        vals = None if v is None or isinstance(v, list) else np.unique(np.asarray(v, dtype=np.float64))
-        if vals is None or vals.size != 1:
-            raise BuildError(f"{where(node)}: Where of a comparison picks {t!r}, which is not one constant "
-                             "(a masked_fill by a constant is supported)")
-        picked.append(float(np.clip(vals[0], -F32_MAX, F32_MAX)))
-    cx.layers.append(Layer("select_eq", node.name, [x], [s.out], {"value": value, "fill": picked[0], "other": picked[1]}))
-    cx.shapes[s.out] = cx.shapes[x]
+    picked = [_one_constant(cx, t) for t in ins[1:3]]
+    if None in picked:
+        t = ins[1 + picked.index(None)]
+        raise BuildError(f"{where(node)}: Where of a comparison picks {t!r}, which is not one constant "
+                         "(a masked_fill by a constant is supported)")
+    return _select_eq(cx, node, x, s.out, value, picked)
+
+
+def _one_constant(cx, t) -> float | None:
+    """The one value of constant `t` (a scalar, or a tensor or batch of one value throughout), clipped to
+    float32's range; None if `t` is not such a constant."""
+    v = cx.consts.get(t, cx.batch_consts.get(t))
+    vals = None if v is None or isinstance(v, list) else np.unique(np.asarray(v, dtype=np.float64))
+    return None if vals is None or vals.size != 1 else float(np.clip(vals[0], -F32_MAX, F32_MAX))
+
+
+def _select_eq(cx, node, x, out, value, picked) -> bool:
+    """out = picked[0] where x == value, else picked[1] (the select_eq op of prep/elementwise.py)."""
+    cx.layers.append(Layer("select_eq", node.name, [x], [out], {"value": value, "fill": picked[0], "other": picked[1]}))
+    cx.shapes[out] = cx.shapes[x]
     return True
 
 
@@ -178,10 +188,7 @@ def cast_bool(cx, s) -> bool:
     arithmetic: prep/lower_masks.py)."""
     if s.a.get("to") != 9 or s.ins[0] in cx.consts or s.ins[0] in cx.batch_consts:
         return False
-    x = cx.act(s.ins[0])
-    cx.layers.append(Layer("select_eq", s.node.name, [x], [s.out], {"value": 0.0, "fill": 0.0, "other": 1.0}))
-    cx.shapes[s.out] = cx.shapes[x]
-    return True
+    return _select_eq(cx, s.node, cx.act(s.ins[0]), s.out, 0.0, [0.0, 1.0])
 
 
 @imports("Where")
@@ -191,17 +198,10 @@ def where_boolean(cx, s) -> bool:
     ins = s.ins
     if ins[0] in cx.consts or ins[0] in cx.batch_consts or ins[0] in cx.equals:
         return False
-    picked = []
-    for t in ins[1:3]:
-        v = cx.consts.get(t)
-        vals = None if v is None or isinstance(v, list) else np.unique(np.asarray(v, dtype=np.float64))
-        if vals is None or vals.size != 1:
-            return False
-        picked.append(float(np.clip(vals[0], -F32_MAX, F32_MAX)))
-    x = cx.act(ins[0])
-    cx.layers.append(Layer("select_eq", s.node.name, [x], [s.out], {"value": 1.0, "fill": picked[0], "other": picked[1]}))
-    cx.shapes[s.out] = cx.shapes[x]
-    return True
+    picked = [_one_constant(cx, t) for t in ins[1:3]]
+    if None in picked:
+        return False
+    return _select_eq(cx, s.node, cx.act(ins[0]), s.out, 1.0, picked)
 
 
 @imports(*SHAPE_ONLY)
