@@ -88,7 +88,9 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         # decodeWeights returns the tensors one after another in the state_dict layout; the packing reads it
         spec = plan.textures["param:" + p.name]
         params.append({"name": p.name, "texture": spec.name, "shape": list(p.array.shape),
-                       "offset": offset, "length": int(p.array.size), "trainable": graph.is_trainable(p.name)})
+                       "offset": offset, "length": int(p.array.size), "trainable": graph.is_trainable(p.name),
+                       # a big constant (Param.constant): a frozen texture that is no weight (weights.js: WEIGHTS)
+                       **({"constant": True} if p.constant else {})})
         offset += int(p.array.size)
     # packing: [rows, r2, blocks, chans, s_r1, s_r2, s_b, s_c] (codegen/webgl2/layout.py); for per-sample
     # textures it describes max_batch samples, and one sample is `sampleRows` rows of it

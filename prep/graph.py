@@ -112,7 +112,9 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
     layers = onnx_shape.compose_gathers(layers, output, shapes)
     layers = untie_unsupported(layers, params)
     order = [i.name for i in g.initializer]
-    ordered = dict(sorted(params.items(), key=lambda kv: (order.index(kv[1].source or kv[0]), kv[0])))
+    # (the big constants, Param.constant, after the parameters, as they were met)
+    ordered = dict(sorted(params.items(), key=lambda kv: (1, list(params).index(kv[0])) if kv[1].constant else
+                          (0, order.index(kv[1].source or kv[0]), kv[0])))
     aliases = {k: v for k, v in json.loads(meta.get(ALIASES_KEY, "{}")).items() if v in ordered}
     return Graph(inp.name, output, shapes, layers, ordered, inputs=tuple(i.name for i in inputs),
                  dtypes={k: v for k, v in dtypes.items() if v != "float32"}, aliases=aliases)

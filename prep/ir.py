@@ -97,13 +97,18 @@ class Param:
     `transposed` marks a dense weight stored [in, out] (x @ W) rather than PyTorch's
     Linear layout [out, in]; the texture packing reads it either way. `source`: the ONNX initializer it
     is a copy of, where several layers read one initializer (prep.graph unties them; prep/trust.py
-    tells a tie of a PyTorch source from an ONNX file's merge of equal values), else None.
+    tells a tie of a PyTorch source from an ONNX file's merge of equal values), else None. `constant`: not a
+    parameter at all, a big constant (below).
     """
 
     name: str
     array: np.ndarray
     transposed: bool = False
     source: str | None = None
+    # a constant of the model too big to bake into a kernel (more than prep/shape.py's MAX_CONSTANT_FLOATS values:
+    # a positional encoding's buffer, a mean image), shipped as a frozen texture: never trainable, and no weight
+    # (getWeights, the trainable set and --trainable's names leave it out)
+    constant: bool = False
 
     def canonical(self) -> np.ndarray:
         """Dense weights as [out, in]; everything else as stored."""
@@ -185,7 +190,7 @@ class Graph:
         return [layer for layer in self.layers if tensor in layer.inputs]
 
     def parameter_count(self) -> int:
-        return int(sum(p.array.size for p in self.params.values()))
+        return int(sum(p.array.size for p in self.params.values() if not p.constant))
 
     def macs(self, layer: Layer) -> int:
         """Multiply-adds of one sample through a dense, conv, transposed conv or matmul layer (each weight once
@@ -202,7 +207,17 @@ class Graph:
         return int(self.params[layer.params["weight"]].array.size) * spatial
 
     def is_trainable(self, param: str) -> bool:
-        return self.trainable is None or param in self.trainable
+        p = self.params.get(param)
+        return (p is None or not p.constant) and (self.trainable is None or param in self.trainable)
+
+    def weight_names(self) -> list[str]:
+        """The parameters, trainable or frozen, without the big constants (Param.constant): what getWeights
+        lists."""
+        return [n for n, p in self.params.items() if not p.constant]
+
+    def constants(self) -> list[str]:
+        """The big constants (Param.constant), shipped as frozen textures."""
+        return [n for n, p in self.params.items() if p.constant]
 
     def trainable_params(self) -> list[str]:
         """The trainable parameters' names, in the graph's order."""

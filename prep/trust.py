@@ -85,7 +85,7 @@ def check_trainable(model, graph: Graph, patterns: str) -> dict:
     if problems:
         raise BuildError("these parameters would not train as they do in PyTorch: " + "; ".join(problems) +
                          ". Leave them out of --trainable to ship them frozen (as constants), or change the model")
-    frozen = {source[n] for n in graph.params if not selected(patterns, source[n]) and not selected(patterns, n)}
+    frozen = {source[n] for n in graph.weight_names() if not selected(patterns, source[n]) and not selected(patterns, n)}
     frozen |= {n for n in free if not selected(patterns, n)}
     frozen |= {n for n in declared if n not in graph.params and n not in free and n not in bn and n not in unused}
     keys = json.loads(meta[STATE_KEYS_KEY]) if STATE_KEYS_KEY in meta else None
@@ -98,8 +98,8 @@ def check_trainable(model, graph: Graph, patterns: str) -> dict:
             # a tied parameter, one tensor several layers read (it trains on the sum of their gradients): its readers
             "tied": {n: r for n, r in readers.items() if len(r) > 1},
             # an ONNX file's trainable tensors whose names are no key of the state_dict given (--weights)
-            "unrecovered": [n for n in graph.params if n not in keys] if keys is not None else None,
-            "consumers": {n: [list(c) for c in consumers.get(source[n], [])] for n in graph.params}}
+            "unrecovered": [n for n in graph.weight_names() if n not in keys] if keys is not None else None,
+            "consumers": {n: [list(c) for c in consumers.get(source[n], [])] for n in graph.weight_names()}}
 
 
 def _consumers(model) -> dict[str, list[tuple[str, str]]]:

@@ -106,9 +106,9 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
     image = image_input(imported.input_shape, input_normalize)
     length = tokenizer_input(tok, imported.input_shape)
     full = fold_batchnorm(imported)
-    if not full.params:
+    if not full.weight_names():
         raise BuildError("the model has no trainable weights")
-    trains = resolve_trainable(trainable, list(full.params))
+    trains = resolve_trainable(trainable, full.weight_names())
     if eval_data is not None:
         eval_data = check_data(eval_data, full, loss, "--eval-data")
     if finetune_data is not None:
@@ -149,6 +149,9 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
     trunk_bytes = plan.textures[plan.tensor(trunk)].width * plan.textures[plan.tensor(trunk)].sample_rows * 16 if trunk else 0
     rep["texture_bytes_by_role"] = role_bytes(plan, storage, trunk_bytes)
     rep["trainable"] = graph.trainable_params()
+    # constants too big to bake into a kernel, shipped as frozen textures (prep/ir.py: Param.constant)
+    rep["constants"] = [{"name": n, "shape": list(graph.params[n].array.shape), "values": int(graph.params[n].array.size)}
+                        for n in graph.constants()]
     rep["trainable_set"] = parameters
     rep["batchnorm_folded"] = sum(layer.op == "batchnorm" for layer in imported.layers) - \
         sum(layer.op == "batchnorm_affine" for layer in full.layers)

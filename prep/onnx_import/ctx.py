@@ -222,6 +222,15 @@ class Importer:
                              "products of two activations are not supported")
         return np.asarray(arr, dtype=np.float32)
 
+    def constant(self, tensor: str, values) -> str:
+        """Register a constant too big to bake into a kernel (a positional encoding's buffer, a mean image) as a
+        frozen texture, Param.constant, named after the ONNX tensor it holds; returns its name. The same tensor
+        read twice is one texture."""
+        name = f"constant:{tensor}"
+        if name not in self.params:
+            self.params[name] = Param(name, np.ascontiguousarray(values, dtype=np.float32), constant=True)
+        return name
+
     def param(self, node, i, *, matmul_layout=False, source=None) -> str:
         """Register input i of node (or the initializer `source` it was computed from: a class token's
         Expand) as a trainable parameter; returns its name.

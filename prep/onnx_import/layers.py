@@ -8,6 +8,7 @@ from .. import elementwise as ew
 from ..elementwise import BY_ONNX
 from ..errors import BuildError
 from ..ir import Layer, Param
+from ..shape import MAX_CONSTANT_FLOATS
 from .common import N, where
 
 
@@ -94,10 +95,12 @@ def broadcast_shapes(node, full: list[tuple]) -> tuple[int, ...]:
 
 
 def elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names, trainable_names,
-                 view_shapes=None) -> Layer:
+                 view_shapes=None, constant=None) -> Layer:
     """An elementwise layer (prep/elementwise.py) from its ONNX node: the declaration's attributes, its
     operands (activations, constants baked into the kernel, or trainable parameters: an initializer that
-    is an nn.Parameter, such as a layer scale, or a PRelu slope) broadcast to the output's shape."""
+    is an nn.Parameter, such as a layer scale, or a PRelu slope) broadcast to the output's shape. A constant
+    of more than MAX_CONSTANT_FLOATS values is read from a frozen texture, `constant(tensor, values)`'s (the
+    importer's: prep/onnx_import/ctx.py), as a frozen parameter is."""
     decl = BY_ONNX[node.op_type]
     attrs = {k: a[k] for k in decl.attrs if k in a}
     if decl.arity == 1:
@@ -153,9 +156,11 @@ def elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names
             operands.append({"kind": "param", "role": role, "shape": per_sample})
         else:
             values = np.asarray(consts[t], dtype=np.float64).reshape(-1)
-            if values.size > 4096:
-                raise BuildError(f"{where(node)}: a constant operand of {values.size} values; at most 4096 are "
-                                 "baked into a kernel")
+            if values.size > MAX_CONSTANT_FLOATS:
+                role = f"operand{slot}"
+                roles[role] = constant(t, np.asarray(consts[t], dtype=np.float32))
+                operands.append({"kind": "param", "role": role, "shape": per_sample})
+                continue
             operands.append({"kind": "const", "shape": per_sample,
                              "values": [float(np.float32(v)) for v in values]})
     if not inputs:
@@ -167,4 +172,4 @@ def elementwise(node, out, a, ins, consts, shapes, act, param, initializer_names
 def elementwise_of(cx, node, out, a, ins, view_shapes=None) -> Layer:
     """elementwise() with the importer's (prep/onnx_import/ctx.py) tensors and parameters."""
     return elementwise(node, out, a, ins, cx.consts, cx.shapes, cx.act, cx.param, cx.initializer_names,
-                       cx.trainable_names, view_shapes)
+                       cx.trainable_names, view_shapes, cx.constant)

@@ -9,6 +9,7 @@ import numpy as np
 from .. import onnx_shape, resample
 from ..errors import BuildError
 from ..ir import Layer
+from ..shape import MAX_CONSTANT_FLOATS
 from .common import N, unsupported_attr, where
 from .registry import imports
 
@@ -44,7 +45,10 @@ def concat(cx, s) -> bool:
         return True
     # any other axis, or constant operands: a gather of the operands, each padded to its place
     # (a parameter expanded over the batch, a class token, is a part that reads it and trains)
+    # (and a constant too big for a kernel, coordinate channels of a big image, is a part reading a frozen texture)
     tokens = {k: cx.param(node, k, source=cx.expanded_params[i]) for k, i in enumerate(ins) if i in cx.expanded_params}
+    tokens.update({k: cx.constant(ins[k], o) for k, o in enumerate(operands)
+                   if isinstance(o, np.ndarray) and o.size > MAX_CONSTANT_FLOATS and k not in tokens})
     parts, tensors = onnx_shape.concat_parts(where(node), axis, operands, sample,
                                              {k: ("part:" + t, cx.params[t].array) for k, t in tokens.items()})
     cx.gather(node, out, parts, tensors, params={"part:" + t: t for t in tokens.values()})

@@ -15,7 +15,7 @@ async function joinFederation(m, url, { x, y, onRound } = {}) {
       `federation ${path}: ${r.status} ${body.error}`);
   };
   if (x == null || y == null) throw new TexelfitError('bad-option', 'federate(url, { x, y }) needs x and y');
-  const join = await call('join', { body: JSON.stringify(MODEL.params.map((p) => [p.name, p.length])) });
+  const join = await call('join', { body: JSON.stringify(WEIGHTS_LISTED.map((p) => [p.name, p.length])) });
   headers = { authorization: 'Bearer ' + join.token };
   const beat = setInterval(() => call('alive').catch(() => {}), join.heartbeat * 400);
   try {

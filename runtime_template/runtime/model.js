@@ -252,7 +252,7 @@ function releaseContext(gl) {
 
 export const modelInfo = Object.freeze({
   name: MODEL.name, inputShape: MODEL.inputShape, outputShape: MODEL.outputShape, maxBatch: MODEL.maxBatch,
-  parameters: MODEL.parameters, weights: MODEL.params.map((p) => ({ name: p.name, shape: p.shape })),
+  parameters: MODEL.parameters, weights: WEIGHTS_LISTED.map((p) => ({ name: p.name, shape: p.shape })),
   ...(MODEL.inputs ? { inputs: MODEL.inputs.map((i) => ({ name: i.name, shape: i.shape, dtype: i.dtype })) } : {}),
 });
 

@@ -10,6 +10,10 @@
 // TexelfitError('corrupt-weights'), never silent garbage; a file that cannot be fetched,
 // 'weights-unavailable'.
 
+// The weights getWeights (weights_api.js) lists and setWeights takes: the parameters, trainable or frozen, without the big
+// constants (MODEL.params[i].constant: a buffer too big for a kernel, a frozen texture that is no weight).
+const WEIGHTS_LISTED = MODEL.params.filter((p) => !p.constant);
+
 const WEIGHTS_MAGIC = 0x57465854; // "TXFW", read little-endian
 const WEIGHTS_F32 = 0, WEIGHTS_F16 = 1, WEIGHTS_I8 = 2;
 

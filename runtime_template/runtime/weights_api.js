@@ -3,7 +3,7 @@
 // (aliases.js: withAliases), where the model has them.
 
 // Weights in the state_dict layout from the texel data of their textures (`recs`, `data`).
-function unpackParams(recs, data, params = MODEL.params) {
+function unpackParams(recs, data, params = WEIGHTS_LISTED) {
   const out = {};
   params.forEach((p, i) => {
     const w = new Float32Array(p.length);
@@ -20,13 +20,13 @@ function readWeights(s) {
   const named = (weights) => (MODEL.aliases ? withAliases(weights) : weights);
   return soon(s, async () => {
     if (!isLost(s)) {
-      const recs = MODEL.params.map((p) => s.gpu.textures.get(p.texture));
+      const recs = WEIGHTS_LISTED.map((p) => s.gpu.textures.get(p.texture));
       const data = await s.gpu.read(recs, undefined, false, 'call');
       if (data) return named(unpackParams(recs, data));
     }
     if (!s.snapshot) throw new TexelfitError('context-lost', 'the WebGL context is lost and no snapshot exists yet');
-    const recs = MODEL.params.map((p) => s.gpu.textures.get(p.texture));
-    return named(unpackParams(recs, MODEL.params.map((p) => s.snapshot.data.get(p.texture))));
+    const recs = WEIGHTS_LISTED.map((p) => s.gpu.textures.get(p.texture));
+    return named(unpackParams(recs, WEIGHTS_LISTED.map((p) => s.snapshot.data.get(p.texture))));
   });
 }
 
@@ -41,7 +41,7 @@ function writeWeights(s, weights) {
     if (!OPTION_TYPES.object.ok(weights)) {
       throw new TexelfitError('bad-weights', `setWeights needs an object of weights keyed by name, got ${describe(weights)}`);
     }
-    const byName = new Map(MODEL.params.map((p) => [p.name, p]));
+    const byName = new Map(WEIGHTS_LISTED.map((p) => [p.name, p]));
     for (const [name, value] of Object.entries(weights)) {
       const p = byName.get(MODEL.aliases?.[name] ?? name);
       if (!p) throw new TexelfitError('unknown-weight', `"${name}" is not a weight of this model (it has ${[...byName.keys()].join(', ')})`);
