@@ -71,11 +71,11 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
         if out not in plan.needs_grad:  # nothing it reads needs a gradient (or the loss reads its input)
             continue
         if out in plan.grad_sums:  # every consumer has contributed: add them up
-            s.backward.append(ops.grad_sum(out, plan.grad_sums[out], plan))
+            s.backward += ops.grad_sum(out, plan.grad_sums[out], plan)
         s.backward += ops.backward(layer, graph, plan)
 
     for name, readers in plan.param_grad_parts.items():  # a tied parameter: the sum of its readers' gradients
-        s.backward.append(ops.param_grad_sum(name, len(readers)))
+        s.backward += ops.param_grad_sum(name, len(readers))
 
     out_spec: TextureSpec = tex[plan.tensor(graph.loss_input())]
     for loss in ops.LOSSES:

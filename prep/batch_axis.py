@@ -86,6 +86,8 @@ def select(where, v: Lazy, axis: int, index: int) -> Lazy:
     """Gather of one index on `axis` (the axis dropped)."""
     axis %= v.rank()
     g = [f for f in v.groups[axis] if f == N or v.fine[f] != 1]
+    if not g and index in (0, -1):  # an axis of size 1 (an Unsqueeze's): the Gather squeezes it
+        return squeeze(where, v, [axis])
     if len(g) != 1 or g[0] == N:
         raise BuildError(f"{where}: Gather on an axis that holds the batch or several axes")
     j = g[0]

@@ -49,8 +49,8 @@ MODULE_HINTS = {k: v for k, v in {
     "ReduceLogSumExp": "torch.logsumexp"}.items()
     if k not in LOWERINGS}
 # ops refused by decision, not by omission: why, in the build error
-_RECURRENT = ("recurrent layers are not supported yet (attention, nn.TransformerEncoderLayer, or a 1-D conv over "
-              "the sequence builds)")
+_RECURRENT = ("recurrent layers in an ONNX file or a TorchScript module are not supported yet: build from the "
+              "PyTorch module (its nn.LSTM, nn.GRU and nn.RNN are exported unrolled, prep/recurrent.py)")
 NOT_YET = {"GRU": _RECURRENT, "LSTM": _RECURRENT, "RNN": _RECURRENT}
 
 
@@ -136,6 +136,8 @@ def untie_unsupported(layers: list[Layer], params: dict[str, Param]) -> list[Lay
             continue
         group = [out[k] for k in ks]
         roles = [next(r for r, m in l.params.items() if m == n) for l in group]
+        if _one_layout(group, roles, params[n]):
+            continue  # readers of one op reading it in one layout (a recurrent layer's steps): one texture
         mixed = {l.op for l in group} == {"embedding", "matmul"}
         if all(r == "weight" and (l.op == "embedding" or (l.op == "matmul" and "bias" not in l.params))
                for l, r in zip(group, roles)) and len({l.op for l in group}) <= 2:
@@ -149,6 +151,24 @@ def untie_unsupported(layers: list[Layer], params: dict[str, Param]) -> list[Lay
             params[copy] = dataclasses.replace(params[n], name=copy, source=n)
             out[k] = dataclasses.replace(out[k], params=dict(out[k].params, **{role: copy}))
     return out
+
+
+def _one_layout(group: list[Layer], roles: list[str], p: Param) -> bool:
+    """Whether the layers of `group` read parameter `p` (each as roles[k]) in one texture layout: one op, one role,
+    the op's weight_layout the same for each (the steps of an unrolled nn.LSTM reading weight_hh, prep/recurrent.py).
+    Each reader's gradient is then written apart and summed (codegen/schedule.py)."""
+    from .ops import opdef
+
+    if len({l.op for l in group}) != 1 or len(set(roles)) != 1 or group[0].op not in ("dense", "matmul"):
+        return False
+    if roles[0] == "bias":  # (one row, whatever the reader: codegen/webgl2/layout.py)
+        return True
+    graph = Graph(group[0].inputs[0], group[0].outputs[0], {}, group, {p.name: p})
+    try:
+        first = opdef(group[0].op).weight_layout(group[0], graph, p, roles[0])
+        return all(opdef(l.op).weight_layout(l, graph, p, r) == first for l, r in zip(group[1:], roles[1:]))
+    except (KeyError, AttributeError, StopIteration):  # (a rule that needs more of the graph than the readers)
+        return False
 
 
 def _check_supported(g) -> None:

@@ -27,6 +27,7 @@ import zipfile
 from .errors import BuildError  # noqa: F401 (every stage raises it; re-exported for older imports)
 from .naming import (ALIASES_KEY, FOLDED_KEY, PADDING_IDX_KEY, PARAMETERS_KEY, UNUSED_KEY, claim_parameters, marks_of,
                      padding_indices, restore_state_dict_names, set_meta, write_parameters)
+from .recurrent import unrolled
 from .simplify import simplify, simplify_onnx_file
 
 OPSET = 17
@@ -274,13 +275,14 @@ def export_module(module, input_shape, inputs=None, input_dtype="float32"):
             # keep_initializers_as_inputs: the exporter otherwise merges parameters of equal value
             # (two zero-initialised biases become one). PRESERVE (with the module in eval mode)
             # keeps BatchNormalization nodes, so prep.fold folds them under the conv's names.
-            torch.onnx.export(
-                module, examples, buf, dynamo=False, opset_version=OPSET,
-                input_names=names, output_names=["output"],
-                dynamic_axes={**{n: {0: "batch"} for n in names}, "output": {0: "batch"}},
-                do_constant_folding=True, keep_initializers_as_inputs=True,
-                training=torch.onnx.TrainingMode.PRESERVE,
-            )
+            with unrolled(module):  # nn.LSTM and nn.GRU as the steps they compute (prep/recurrent.py)
+                torch.onnx.export(
+                    module, examples, buf, dynamo=False, opset_version=OPSET,
+                    input_names=names, output_names=["output"],
+                    dynamic_axes={**{n: {0: "batch"} for n in names}, "output": {0: "batch"}},
+                    do_constant_folding=True, keep_initializers_as_inputs=True,
+                    training=torch.onnx.TrainingMode.PRESERVE,
+                )
         except Exception as e:
             hint = "; token ids (an nn.Embedding's input) need --input-dtype int64" if "float32" in dtypes and \
                 "scalar types: Long, Int" in str(e) else ""

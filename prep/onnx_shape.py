@@ -11,7 +11,7 @@ import numpy as np
 
 from .errors import BuildError
 from .ir import Layer
-from .shape import MAX_CONSTANT_FLOATS, Constant, chain_shape
+from .shape import MAX_CONSTANT_FLOATS, Constant, chain_shape, part_views
 
 N = "N"  # the batch dimension in symbolic shape values (as prep.graph)
 
@@ -85,6 +85,7 @@ def compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
         return Layer("gather", l.name, list(l.inputs), list(l.outputs), {"parts": parts})
 
     layers = [as_gather(l) for l in layers]
+    kept: set[tuple[str, int]] = set()  # (outer, slot) left apart: composed, they would read too many tensors
     while True:
         producer = {l.outputs[0]: l for l in layers}
         reads = {}
@@ -95,11 +96,11 @@ def compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
             if outer.op != "gather":
                 continue
             slot = next((i for i, t in enumerate(outer.inputs) if t in producer and producer[t].op == "gather"
-                         and reads[t] == 1 and t != output), None)
+                         and reads[t] == 1 and t != output and (outer.name, i) not in kept), None)
             if slot is not None:
                 break
         else:
-            return layers
+            return _without_dead_gathers(layers, output, shapes)
         inner = producer[outer.inputs[slot]]
         parts, tensors = [], []
         for p in outer.attrs["parts"]:
@@ -112,13 +113,33 @@ def compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
                                   "ops": ops})
                 elif src["input"] is None:
                     parts.append({"input": None, "const": src["const"], "ops": ops})
-                else:
+                elif part_views(shapes[names[src["input"]]], [], ops, []) is not None:  # (a part sliced away: none)
                     parts.append({"input": len(tensors), "const": None, "ops": ops})
                     tensors.append(names[src["input"]])
+        if len(tensors) > MAX_GATHER_INPUTS:  # (a recurrent layer's output sequence, stacked in pieces)
+            kept.add((outer.name, slot))
+            continue
         merged = Layer("gather", outer.name, tensors, list(outer.outputs), {"parts": parts},
                        {**inner.params, **outer.params})
         layers = [merged if l is outer else l for l in layers if l is not inner]
         del shapes[inner.outputs[0]]  # never laid out
+
+
+def _without_dead_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
+    """Less the gathers (of no parameter) that nothing reads any more: those whose only reader composed them into a
+    part it slices away (an unrolled recurrent layer's output steps that the model does not use)."""
+    while True:
+        read = {t for l in layers for t in l.inputs} | {output}
+        dead = [l for l in layers if l.op == "gather" and not l.params and l.outputs[0] not in read]
+        if not dead:
+            return layers
+        for l in dead:
+            shapes.pop(l.outputs[0], None)
+        layers = [l for l in layers if l not in dead]
+
+
+# The tensors a composed gather may read: a pass reads at most 15 (codegen/schedule.py: MAX_INPUTS)
+MAX_GATHER_INPUTS = 15
 
 
 def batch_constant(where: str, op: str, a: dict, vals) -> np.ndarray:

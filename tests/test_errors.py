@@ -194,17 +194,28 @@ class _Recurrent(torch.nn.Module):
 
 
 @pytest.mark.parametrize("kind", ["GRU", "LSTM"])
-def test_a_recurrent_layer_fails_the_build_naming_it(kind):
-    """GRU and LSTM stay a build error in this release (issue 19): one that names the op, the module and the
-    node, and says they are not supported yet, before any other op is looked at."""
-    from texelfit.prep.graph import to_ir
-    from texelfit.prep.load import BuildError, export_simplified
+def test_a_recurrent_layer_of_an_onnx_file_fails_the_build_naming_it(kind, tmp_path):
+    """From the PyTorch module a GRU or LSTM builds (exported unrolled: tests/test_recurrent.py); an ONNX file's
+    GRU or LSTM node fails the build naming the op, the module and the node, and saying to build from the module,
+    before any other op is looked at."""
+    import io
 
+    import onnx
+
+    from texelfit.prep.graph import to_ir
+    from texelfit.prep.load import BuildError, load_onnx
+
+    buf = io.BytesIO()
+    torch.onnx.export(_Recurrent(kind).eval(), (torch.randn(2, 5, 8),), buf, dynamo=False, input_names=["input"],
+                      dynamic_axes={"input": {0: "batch"}})
+    path = tmp_path / "rnn.onnx"
+    path.write_bytes(buf.getvalue())
     with pytest.raises(BuildError) as e:
-        to_ir(export_simplified(_Recurrent(kind).eval(), (5, 8)), (5, 8))
+        to_ir(load_onnx(str(path)), (5, 8))
     msg = str(e.value)
     assert f"unsupported ONNX op {kind} (from nn.{kind}) at node '/rnn/{kind}'" in msg, msg
-    assert "recurrent layers are not supported yet" in msg, msg
+    assert "build from the PyTorch module" in msg, msg
+    assert onnx.load(str(path))  # (the file itself is a valid model)
 
 
 class _Windows(torch.nn.Module):

@@ -153,11 +153,11 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
         if family == "dense":
             blocked_reads = ("DZT", "X"), [st, tx]
     if "pgrad:" + weight in plan.textures:
-        backward += blockable("grad_weight", names, ("u_batch", "u_loss_scale"), factors, "pgrad:" + weight, "full",
-                              blocked_reads)
+        backward += blockable("grad_weight", names, ("u_batch", "u_loss_scale"), factors,
+                              param_grad(plan, layer, "weight"), "full", blocked_reads)
     if b and "pgrad:" + bias in plan.textures:
         backward.append(Pass(grad_bias(c), [dz],
-                             ["pgrad:" + layer.params["bias"]], "full", layer.name))
+                             [param_grad(plan, layer, "bias")], "full", layer.name))
     target = grad_target(plan, layer, 0)
     if target and x in plan.act_grad_fused:  # dX times act'(X) of the layer before: its dZ (see above)
         act, attrs = plan.act_grad_fused[x]

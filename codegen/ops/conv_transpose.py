@@ -21,7 +21,7 @@ from __future__ import annotations
 from texelfit.prep.packing import ceil_div
 
 from ..kernels import Kernel, Pass
-from .common import activation_grad, fused_activation, grad_target, lanes, samples_last_pass
+from .common import activation_grad, fused_activation, grad_target, lanes, param_grad, samples_last_pass
 from .conv import grad_bias
 from .conv_kl import forward_kl, grad_input_kl, grad_weight_kl
 
@@ -78,11 +78,11 @@ def backward(layer, graph, plan):
         out.append(Pass(Kernel(_title(layer, graph, "grad_weight"), "conv_grad_weight.glsl.j2", ("DZ", "XT"),
                                uniforms=("u_batch", "u_loss_scale"), consts=dict(c, nb4=nb4),
                                kl=grad_weight_kl(dict(c, nb4=nb4))),
-                        [x, "dzt:" + y], ["pgrad:" + weight], "full", layer.name))
+                        [x, "dzt:" + y], [param_grad(plan, layer, "weight")], "full", layer.name))
     bias = layer.params.get("bias")
     if bias and "pgrad:" + bias in plan.textures:
         oc, oh, ow = graph.shapes[y]
-        out.append(Pass(grad_bias(oc, oh, ow), [dz], ["pgrad:" + bias], "full", layer.name))
+        out.append(Pass(grad_bias(oc, oh, ow), [dz], [param_grad(plan, layer, "bias")], "full", layer.name))
     target = grad_target(plan, layer, 0)
     if target:
         assert layer.inputs[0] not in plan.act_grad_fused  # only for a dense consumer (layout.py)

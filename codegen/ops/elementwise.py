@@ -30,7 +30,7 @@ from .. import kl
 from ..expr import to_kl
 from ..kernels import Kernel, Pass
 from ..kl import COL, ROW, hsum, is_valid, lane, load, select, splat, uniform
-from .common import grad_target
+from .common import grad_target, param_grad
 
 
 def _operand(o: dict, i: int, out: tuple[int, int, int]) -> dict:
@@ -168,7 +168,7 @@ def backward(layer, graph, plan):
             if not target:
                 continue
         elif graph.is_trainable(layer.params[spec["role"]]):
-            target, rows = "pgrad:" + layer.params[spec["role"]], "full"
+            target, rows = param_grad(plan, layer, spec["role"]), "full"
         else:
             continue  # a frozen parameter (build --trainable)
         reads_y = "out" in leaves(derivatives_of(layer.op, layer.attrs)[j])

@@ -25,7 +25,7 @@ from contextlib import nullcontext
 from .. import kl
 from ..kernels import Kernel, Pass
 from ..kl import ROW, lane, lift, load, select, uniform
-from .common import channel_lanes, chw, grad_target
+from .common import channel_lanes, chw, grad_target, param_grad
 
 
 def _dims(shape) -> str:
@@ -173,4 +173,5 @@ def _param_grad(layer, graph, plan, part) -> list[Pass]:
     out, x = graph.shapes[layer.outputs[0]], tuple(part["shape"])
     sources = [] if views is None else [_source("DY", out, views)]
     k = _kernel(f"gather_grad param {_dims(out)}->{_dims(x)}", ["DY"] if sources else [], x, sources, batch_sum=True)
-    return [Pass(k, [plan.grad(layer.outputs[0])] if sources else [], ["pgrad:" + name], "full", layer.name)]
+    return [Pass(k, [plan.grad(layer.outputs[0])] if sources else [], [param_grad(plan, layer, part["param"])], "full",
+                 layer.name)]

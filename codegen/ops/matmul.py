@@ -203,7 +203,7 @@ def _rows_sum_kl(rows: int) -> kl.KernelDef:
 def _rows_sum(layer, graph, plan, role):
     rows = graph.shapes[layer.outputs[0]][0]
     k = Kernel(f"rows_sum {rows}", "kl", ("DY",), uniforms=("u_batch", "u_loss_scale"), kl=_rows_sum_kl(rows))
-    return Pass(k, [plan.grad(layer.outputs[0])], ["pgrad:" + layer.params[role]], "full", layer.name)
+    return Pass(k, [plan.grad(layer.outputs[0])], [param_grad(plan, layer, role)], "full", layer.name)
 
 
 def backward(layer, graph, plan):
@@ -314,7 +314,7 @@ def _ln_backward(layer, graph, plan):
     if graph.is_trainable(layer.params["weight"]):
         k = Kernel(f"layernorm_grad_weight {c['rows']}x{c['f']}", "kl", ("DY", "X"),
                    uniforms=("u_batch", "u_loss_scale"), kl=_ln_grad_weight_kl(c))
-        passes.append(Pass(k, [plan.grad(y), x], ["pgrad:" + layer.params["weight"]], "full", layer.name))
+        passes.append(Pass(k, [plan.grad(y), x], [param_grad(plan, layer, "weight")], "full", layer.name))
     if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
         passes.append(_rows_sum(layer, graph, plan, "bias"))
     return passes

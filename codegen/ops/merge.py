@@ -12,6 +12,7 @@ grad_sum   grad_sum        G0, G1, ... -> dT         rows: batch   (a tensor wit
 from __future__ import annotations
 
 from texelfit.prep.packing import ceil_div
+from texelfit.codegen.webgl2.blocking import sum_groups
 
 from .. import kl
 from ..kernels import Kernel, Pass
@@ -91,12 +92,22 @@ def _grad_sum_kernel(terms: int) -> Kernel:
     return Kernel(f"grad_sum x{terms}", "kl", tuple(f"G{i}" for i in range(terms)), kl=_grad_sum_kl(terms))
 
 
-def param_grad_sum(param: str, readers: int):
-    """pgrad:P = pgrad0:P + pgrad1:P + ...: the gradient of a parameter several layers read (schedule.py)."""
-    return Pass(_grad_sum_kernel(readers), [f"pgrad{j}:{param}" for j in range(readers)], ["pgrad:" + param], "full",
-                f"sum of gradients of {param}")
+def param_grad_sum(param: str, readers: int) -> list[Pass]:
+    """pgrad:P = pgrad0:P + pgrad1:P + ...: the gradient of a parameter several layers read (schedule.py); with
+    more readers than a pass reads, groups of them into pgradsum{k}:P first (webgl2/layout.py: sum_groups)."""
+    groups = sum_groups(readers)
+    parts = [f"pgradsum{k}:{param}" for k in range(len(groups))] or [f"pgrad{j}:{param}" for j in range(readers)]
+    first = [Pass(_grad_sum_kernel(len(g)), [f"pgrad{j}:{param}" for j in g], [part], "full",
+                  f"partial sum of gradients of {param}") for g, part in zip(groups, parts)]
+    return first + [Pass(_grad_sum_kernel(len(parts)), parts, ["pgrad:" + param], "full", f"sum of gradients of {param}")]
 
 
-def grad_sum(tensor, contributions, plan):
-    return Pass(_grad_sum_kernel(len(contributions)), list(contributions), ["grad:" + tensor], "batch",
-                f"sum of gradients of {tensor}")
+def grad_sum(tensor, contributions, plan) -> list[Pass]:
+    """grad:T, the sum of the gradients of T's consumers; with more than a pass reads (the steps of an unrolled
+    recurrent layer reading its input projection), groups of them into gradsum{k}:T first."""
+    groups = sum_groups(len(contributions))
+    parts = [f"gradsum{k}:{tensor}" for k in range(len(groups))] or list(contributions)
+    first = [Pass(_grad_sum_kernel(len(g)), [contributions[j] for j in g], [part], "batch",
+                  f"partial sum of gradients of {tensor}") for g, part in zip(groups, parts)]
+    return first + [Pass(_grad_sum_kernel(len(parts)), parts, ["grad:" + tensor], "batch",
+                         f"sum of gradients of {tensor}")]

@@ -140,3 +140,17 @@ def split_k(layer, graph: Graph) -> int:
     in4 = ceil_div(graph.shapes[layer.inputs[0]][0], 4)
     parts = min(SPLIT_MAX_PARTS, ceil_div(in4, SPLIT_CHUNK))
     return parts if parts >= SPLIT_MIN_PARTS else 0
+
+
+# The gradients one pass of a tied parameter's sum reads (schedule.py: MAX_INPUTS, the texture units a pass may
+# bind): with more readers (the steps of an unrolled recurrent layer, prep/recurrent.py), groups of them are
+# summed into pgradsum{k}:P first, and those into pgrad:P.
+GRAD_SUM_GROUP = 15
+
+
+def sum_groups(readers: int) -> list[range]:
+    """The groups of a tied parameter's readers whose gradients are summed apart first: none where one pass
+    reads them all."""
+    if readers <= GRAD_SUM_GROUP:
+        return []
+    return [range(j, min(j + GRAD_SUM_GROUP, readers)) for j in range(0, readers, GRAD_SUM_GROUP)]

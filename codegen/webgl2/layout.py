@@ -75,7 +75,7 @@ from texelfit.prep.elementwise import passes_gradient
 from texelfit.prep.ir import ELEMENTWISE, WEIGHTED, Graph, operands
 from texelfit.prep.ops import opdef
 from .blocking import (COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, SAMPLE_BLOCK, blocked_fold, column_blocked, column_only,
-                       sample_blocked, split_k, weight_grad_blocked)
+                       sample_blocked, split_k, sum_groups, weight_grad_blocked)
 from texelfit.prep.packing import (Packing, activation_packing, ceil_div, chw, conv_weight_packing, conv_weight_shape,  # noqa: F401
                       matrix_packing, pack, samples_last_packing, unpack)
 
@@ -344,7 +344,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             grad_alias[out] = contributions[0]  # the single consumer is an add: share its output's gradient
         elif len(uses) > 1:
             grad_sums[out] = contributions
-            per_sample("grad:" + out, "gradient", out)
+            for t in ["grad:" + out] + [f"gradsum{k}:{out}" for k in range(len(sum_groups(len(contributions))))]:
+                per_sample(t, "gradient", out)  # (more than a pass reads: partial sums first, gradsum{k})
 
     for layer in graph.layers:  # a sample-blocked layer's grad_input is too: 8 render targets
         if sample_blocked(layer, graph, max_batch) and (layer.name, 0) in grad_targets:
@@ -366,8 +367,9 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         readers = [l.name for l in graph.layers if p.name in l.params.values()]
         if len(readers) > 1:  # a tied parameter: each reader's gradient apart, then their sum (pgrad:)
             param_grad_parts[p.name] = readers
-            for j in range(len(readers)):
-                add(TextureSpec(f"pgrad{j}:{p.name}", "param_grad", tuple(p.array.shape), packing, height))
+            for part in [f"pgrad{j}" for j in range(len(readers))] + \
+                    [f"pgradsum{k}" for k in range(len(sum_groups(len(readers))))]:  # (partial sums: more than a pass reads)
+                add(TextureSpec(f"{part}:{p.name}", "param_grad", tuple(p.array.shape), packing, height))
         if role == "weight" and weight_grad_blocked(layer, graph, max_batch):
             # its gradient is blocked too: rows 8*r + t of dW in row r of blk{t}
             rows = height // SAMPLE_BLOCK

@@ -158,7 +158,10 @@ class Importer:
         one vector a sample (a dense layer): tokens [T, F], or image-shaped [H, W, C] (a channels-last Linear,
         every pixel a token)."""
         name = self.alias.get(name, name)
-        return name in self.lazy or len(self.shapes[self.act(name)]) >= 2
+        if name in self.lazy:  # (a view of one vector a sample, [N, F], the batch alone first: a Gather of one
+            v = self.lazy[name]  # step of a sequence, as an unrolled RNN reads it: dense)
+            return not (v.rank() == 2 and v.sizes()[0] == (ba.N, 1))
+        return len(self.shapes[self.act(name)]) >= 2
 
     def token_matmul(self, node, x, w, out, bias):
         params, shapes = self.params, self.shapes
@@ -199,10 +202,14 @@ class Importer:
                 return None
             if pending or v.groups[0] != [ba.N]:
                 return v
-        elif op in ("Squeeze", "Unsqueeze") and pending:
+        elif op in ("Squeeze", "Unsqueeze"):
             axes = a.get("axes")
-            if axes is None and len(ins) > 1 and ins[1]:
+            if axes is None and len(ins) > 1 and ins[1] in consts:
                 axes = np.asarray(consts[ins[1]]).reshape(-1).tolist()
+            if op == "Unsqueeze" and axes is not None and not pending:  # an axis before the batch (an RNN's h0)
+                pending = 0 in [int(k) % (lz(x).rank() + len(axes)) for k in axes]
+            if not pending:
+                return None
             if op == "Unsqueeze":
                 return ba.unsqueeze(lz(x), axes)
             v = lz(x)

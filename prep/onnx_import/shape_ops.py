@@ -38,6 +38,16 @@ def concat(cx, s) -> bool:
            for s_ in sample):
         raise BuildError(f"{where(node)}: Concat of per-sample shapes {sample} on axis {axis + 1}: the other "
                          "dims differ")
+    if len(operands) > onnx_shape.MAX_GATHER_INPUTS and all(isinstance(o, str) for o in operands) and \
+            not any(i in cx.expanded_params for i in ins):
+        # more tensors than a pass reads (an unrolled recurrent layer's steps): concatenated in pieces first
+        pieces = range(0, len(operands), onnx_shape.MAX_GATHER_INPUTS)
+        for k in pieces:
+            piece, t = operands[k:k + onnx_shape.MAX_GATHER_INPUTS], f"{out}:piece{k}"
+            parts, tensors = onnx_shape.concat_parts(where(node), axis, piece, [shapes[o] for o in piece])
+            cx.gather(node, t, parts, tensors, name=f"{node.name}:piece{k}")
+        operands = [cx.act(f"{out}:piece{k}") for k in pieces]
+        sample = [shapes[o] for o in operands]
     if axis == 0 and rank != 2 and not any(isinstance(o, np.ndarray) for o in operands):
         # the first per-sample axis (channels; of flat data: the stored order): its own kernel
         cx.layers.append(Layer("concat", node.name, operands, [out]))

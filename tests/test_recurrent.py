@@ -1,0 +1,191 @@
+"""Recurrent layers (issue 32): nn.LSTM, nn.GRU and nn.RNN, exported unrolled over the build's sequence length
+(prep/recurrent.py). One and two layers, one and two directions, batch_first or not, the output sequence, the
+last hidden state h_n, an initial state of zeros or given as a second input, a sequence longer than one pass reads
+(its steps' gradients summed in groups). Forward, every gradient
+(backpropagation through time: every step's gradient of weight_hh summed into one tensor) and optimizer
+trajectories from a fresh init against PyTorch, on WebGL2, rgba8 and the CPU backend; the trainable set is
+named_parameters() under the state_dict names (weight_ih_l0, ..., bias_hh_l1_reverse).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers import FWD, GRAD, TRAJ_LOSS, TRAJ_W, assert_close, check_op, check_training, run_model
+from texelfit.build import compile_onnx
+from texelfit.prep.errors import BuildError
+from texelfit.prep.load import export_simplified
+
+BACKENDS = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"}}
+T, FEAT, H = 6, 5, 8
+
+
+class LastStep(nn.Module):
+    """An LSTM (batch_first) and a head on its last step's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(FEAT, H, batch_first=True)
+        self.head = nn.Linear(H, 4)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1])
+
+
+class DeepBidirectional(nn.Module):
+    """Two bidirectional layers, sequence-first (the module transposes), a head on the first and last steps of the
+    output sequence and on the last layer's final hidden states of both directions."""
+
+    def __init__(self, cell):
+        super().__init__()
+        self.rnn = cell(FEAT, H, num_layers=2, bidirectional=True)
+        self.head = nn.Linear(6 * H, 3)
+
+    def forward(self, x):
+        out, state = self.rnn(x.transpose(0, 1))
+        h_n = state[0] if isinstance(state, tuple) else state
+        return self.head(torch.cat([out[0], out[-1], h_n[-2], h_n[-1]], 1))
+
+
+class GRUTagger(nn.Module):
+    """A GRU (batch_first) and a Linear on every step: an output per token, trained by mse."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(FEAT, H, batch_first=True)
+        self.out = nn.Linear(H, 2)
+
+    def forward(self, x):
+        return self.out(self.rnn(x)[0])
+
+
+def deep_lstm():
+    return DeepBidirectional(nn.LSTM)
+
+
+def deep_gru():
+    return DeepBidirectional(nn.GRU)
+
+
+def perturbed(factory):
+    """Every parameter moved off its init (PyTorch's uniform init of the gates hides nothing, but the biases
+    get values of their own)."""
+    def make():
+        m = factory()
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.2 * torch.randn_like(p))
+        return m
+    make.__name__ = f"{factory.__name__}_perturbed"
+    return make
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lstm_forward_and_every_gradient_through_time(web, site, backend):
+    check_op(web, site, f"lstm_{backend}", perturbed(LastStep), (T, FEAT), "cross_entropy", batch=3,
+             options=BACKENDS[backend])
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("backend", ["webgl", "cpu"])
+def test_two_bidirectional_layers_forward_and_every_gradient(web, site, cell, backend):
+    check_op(web, site, f"deep_{cell}_{backend}", perturbed({"lstm": deep_lstm, "gru": deep_gru}[cell]), (T, FEAT),
+             "cross_entropy", batch=3, options=BACKENDS[backend])
+
+
+@pytest.mark.parametrize("backend", ["webgl", "rgba8"])
+def test_gru_per_step_outputs_forward_and_every_gradient(web, site, backend):
+    check_op(web, site, f"gru_tagger_{backend}", perturbed(GRUTagger), (T, FEAT), "mse", batch=3,
+             options=BACKENDS[backend])
+
+
+def test_lstm_trains_as_pytorch_from_a_fresh_init(web, site):
+    check_training(web, site, LastStep, (T, FEAT), "adam", "cross_entropy", samples=6, batch_size=3, epochs=2,
+                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
+
+
+def test_bidirectional_gru_trains_as_pytorch_on_the_cpu_backend(web, site):
+    check_training(web, site, deep_gru, (T, FEAT), "sgd_momentum_wd", "cross_entropy", samples=6, batch_size=3,
+                   epochs=1, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options={"backend": "cpu"})
+
+
+class ReluRNN(nn.Module):
+    """nn.RNN with relu, two layers, and a head on the mean of the output sequence."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.RNN(FEAT, H, num_layers=2, nonlinearity="relu", batch_first=True)
+        self.head = nn.Linear(H, 3)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0].mean(1))
+
+
+@pytest.mark.parametrize("backend", ["webgl", "cpu"])
+def test_an_elman_rnn_forward_and_every_gradient(web, site, backend):
+    check_op(web, site, f"rnn_relu_{backend}", perturbed(ReluRNN), (T, FEAT), "cross_entropy", batch=3,
+             options=BACKENDS[backend])
+
+
+class GivenState(nn.Module):
+    """A GRU whose initial state is the model's second input, [N, H] a sample (h0 is [layers, N, H])."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(FEAT, H, batch_first=True)
+        self.head = nn.Linear(H, 3)
+
+    def forward(self, x, h0):
+        return self.head(self.rnn(x, h0.unsqueeze(0))[1][0])
+
+
+def test_an_initial_state_given_as_an_input(web, site):
+    torch.manual_seed(2)
+    model = perturbed(GivenState)()
+    shapes = [(T, FEAT), (H,)]
+    onnx_model = export_simplified(model, shapes, ["x", "h0"])
+    result = compile_onnx(onnx_model, name="model", input_shape=shapes, max_batch=4)
+    url = f"{site.add_files('rnn_given_state', result.files)}/model.js"
+    g = torch.Generator().manual_seed(5)
+    x, h0, y = torch.randn(3, T, FEAT, generator=g), torch.randn(3, H, generator=g), torch.tensor([0, 2, 1])
+    got = run_model(web, url, """
+        const x = { x: new Float32Array(args.x), h0: new Float32Array(args.h0) };
+        return { out: Array.from(await m.predict(x, 3)), grads: arr(await m.gradients(x, Int32Array.from(args.y))) };
+    """, {"x": x.reshape(-1).tolist(), "h0": h0.reshape(-1).tolist(), "y": y.tolist()})
+    model.zero_grad()
+    out = model(x, h0)
+    F.cross_entropy(out, y).backward()
+    assert_close("given state forward", got["out"], out.detach().numpy(), **FWD)
+    named = dict(model.named_parameters())
+    assert sorted(got["grads"]) == sorted(named)
+    for name, p in named.items():
+        assert_close(f"given state d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+
+
+@pytest.mark.parametrize("module, message", [
+    (lambda: nn.LSTM(FEAT, H, num_layers=2, dropout=0.3, batch_first=True), r"dropout=0.3 between layers"),
+    (lambda: nn.LSTM(FEAT, H, proj_size=4, batch_first=True), r"proj_size=4"),
+])
+def test_what_is_not_supported_is_named(module, message):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = module()
+
+        def forward(self, x):
+            return self.rnn(x)[0].mean(1)
+
+    with pytest.raises(BuildError, match=message):
+        export_simplified(Net(), (T, FEAT))
+
+
+LONG = 20  # steps: more readers of weight_hh than one pass reads (their gradients summed in groups first)
+
+
+@pytest.mark.parametrize("factory", [LastStep, GRUTagger], ids=["lstm_last_step", "gru_every_step"])
+def test_a_sequence_longer_than_a_pass_reads(web, site, factory):
+    check_op(web, site, f"long_{factory.__name__}", perturbed(factory), (LONG, FEAT),
+             "cross_entropy" if factory is LastStep else "mse", batch=2)
