@@ -155,11 +155,12 @@ def untie_unsupported(layers: list[Layer], params: dict[str, Param]) -> list[Lay
 
 def _one_layout(group: list[Layer], roles: list[str], p: Param) -> bool:
     """Whether the layers of `group` read parameter `p` (each as roles[k]) in one texture layout: one op, one role,
-    the op's weight_layout the same for each (the steps of an unrolled nn.LSTM reading weight_hh, prep/recurrent.py).
+    the op's weight_layout the same for each (the steps of an unrolled nn.LSTM reading weight_hh, prep/recurrent.py;
+    ALBERT's layers, which all read one layer's parameters).
     Each reader's gradient is then written apart and summed (codegen/schedule.py)."""
     from .ops import opdef
 
-    if len({l.op for l in group}) != 1 or len(set(roles)) != 1 or group[0].op not in ("dense", "matmul"):
+    if len({l.op for l in group}) != 1 or len(set(roles)) != 1 or group[0].attrs.get("weight_rows"):
         return False
     if roles[0] == "bias":  # (one row, whatever the reader: codegen/webgl2/layout.py)
         return True

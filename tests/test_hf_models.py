@@ -1,5 +1,5 @@
 """Hugging Face text classifiers as people load them (issue 32): `AutoModelForSequenceClassification` of BERT,
-ELECTRA and DistilBERT from small random-init configs (no download), exported as they are and called
+ELECTRA, DistilBERT and ALBERT (its layers sharing one layer's parameters) from small random-init configs (no download), exported as they are and called
 (input_ids, attention_mask[, token_type_ids]). transformers 5 builds their padding masks with vmapped functions
 (Range over the batch, And, a Cast to bool, a GatherElements of token-type ids): prep/lower_masks.py and the
 import rules cast_bool and where_boolean take them (the batch never moves).
@@ -30,6 +30,10 @@ FAMILIES = {
         embedding_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)),
     "distilbert": (tf.DistilBertForSequenceClassification, tf.DistilBertConfig, dict(
         dim=16, n_layers=2, n_heads=2, hidden_dim=24)),
+    # every layer reads one layer's parameters (cross-layer sharing): each trains on the sum of its readers'
+    # gradients (prep/graph.py: untie_unsupported keeps such ties)
+    "albert": (tf.AlbertForSequenceClassification, tf.AlbertConfig, dict(
+        embedding_size=8, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24)),
 }
 BACKENDS = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"}}
 
@@ -169,21 +173,32 @@ def test_bert_exported_to_onnx_by_its_user_builds(web, site, tmp_path):
         assert_close(f"bert.onnx d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
 
 
-def test_albert_says_its_shared_layers_do_not_train_yet():
-    """ALBERT reads one layer's parameters in every layer (cross-layer sharing): PyTorch trains each with the sum
-    of its gradients, which texelfit does only for a tied embedding and head. The build says so, naming them,
-    instead of training copies apart; frozen (--trainable leaving them out) it builds."""
-    cfg = tf.AlbertConfig(**SMALL, embedding_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=24)
-    torch.manual_seed(0)
-    model = tf.AlbertForSequenceClassification(cfg).eval()
+def test_albert_trains_its_shared_layer_as_one_tensor(web, site):
+    """ALBERT's three layers read one layer's parameters: each is one tensor (the trainable set is
+    named_parameters(), with no copies), and SGD steps from the family's init are PyTorch's (every reader's
+    gradient summed)."""
+    model = classifier("albert", perturbed=False)
+    x, y = data(6, 4)
     onnx_model = export_simplified(model, [(T,), (T,)], ["input_ids", "attention_mask"], ["int64", "int64"])
-    with pytest.raises(BuildError, match=r"'albert.encoder.albert_layer_groups.0.albert_layers.0.ffn.bias': a tied "
-                                         r"parameter \(one tensor read by Add node"):
-        compile_onnx(onnx_model, name="model", input_shape=[(T,), (T,)], input_dtype=["int64", "int64"])
     result = compile_onnx(onnx_model, name="model", input_shape=[(T,), (T,)], input_dtype=["int64", "int64"],
-                          trainable="classifier.*")
-    assert result.report["trainable"] == ["classifier.weight", "classifier.bias"]
+                          max_batch=8)
+    named = dict(model.named_parameters())
+    assert sorted(result.report["trainable"]) == sorted(named)
+    assert any(len(r) == 3 for r in result.report["trainable_set"]["tied"].values())
+    url = f"{site.add_files('hf_albert_fit', result.files)}/model.js"
+    cfg = OPTIMIZERS["sgd_momentum_wd"]
+    got = run_model(web, url, FIT, {"x": js_inputs(x), "y": y.tolist(), "optimizer": cfg})
+    opt = torch_optimizer(cfg, list(model.parameters()))
+    losses = []
+    for s in range(0, 6, 3):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(**{k: v[s:s + 3] for k, v in x.items()}).logits, y[s:s + 3])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert_close("albert losses", got["loss"], losses, **TRAJ_LOSS)
+    for name, p in named.items():
+        assert_close(f"albert {name} after 2 steps", got["weights"][name], p.detach().numpy(), **TRAJ_W)
 
 
 def bert_classifier():
