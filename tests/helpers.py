@@ -220,6 +220,19 @@ def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_
 
 
 
+def perturbed(factory, scale: float):
+    """`factory` with every parameter of what it makes moved off its init by scale * N(0, 1) (zero biases and unit
+    scales would hide a value read from the wrong place); named after it, for the bundle's folder."""
+    def make():
+        m = factory()
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(scale * torch.randn_like(p))
+        return m
+    make.__name__ = f"{factory.__name__}_perturbed"
+    return make
+
+
 # ---- ops ----------------------------------------------------------------------------------------
 
 FWD = dict(atol=2e-5, rtol=2e-4)

@@ -15,10 +15,10 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from helpers import TRAJ_LOSS, TRAJ_W, build_module, check_op, check_training, run_model
+import helpers
+from helpers import TRAJ_LOSS, TRAJ_W, check_op, check_training, run_model
 from texelfit.build import compile_onnx
 from texelfit.prep.load import export_simplified
 
@@ -86,14 +86,7 @@ class CoordConv(nn.Module):
 
 
 def perturbed(cls):
-    def make():
-        m = cls()
-        with torch.no_grad():
-            for p in m.parameters():
-                p.add_(0.1 * torch.randn_like(p))
-        return m
-    make.__name__ = f"{cls.__name__}_perturbed"
-    return make
+    return helpers.perturbed(cls, 0.1)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import helpers
 from helpers import FWD, GRAD, TRAJ_LOSS, TRAJ_W, assert_close, check_op, check_training, run_model
 from texelfit.build import compile_onnx
 from texelfit.prep.errors import BuildError
@@ -73,14 +74,7 @@ def deep_gru():
 def perturbed(factory):
     """Every parameter moved off its init (PyTorch's uniform init of the gates hides nothing, but the biases
     get values of their own)."""
-    def make():
-        m = factory()
-        with torch.no_grad():
-            for p in m.parameters():
-                p.add_(0.2 * torch.randn_like(p))
-        return m
-    make.__name__ = f"{factory.__name__}_perturbed"
-    return make
+    return helpers.perturbed(factory, 0.2)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
