@@ -86,8 +86,11 @@ def select(where, v: Lazy, axis: int, index: int) -> Lazy:
     """Gather of one index on `axis` (the axis dropped)."""
     axis %= v.rank()
     g = [f for f in v.groups[axis] if f == N or v.fine[f] != 1]
-    if not g and index in (0, -1):  # an axis of size 1 (an Unsqueeze's): the Gather squeezes it
-        return squeeze(where, v, [axis])
+    if not g and N not in v.groups[axis] and index in (0, -1):  # an axis of size 1 (an Unsqueeze's, a stack of
+        groups = [list(grp) for k, grp in enumerate(v.groups) if k != axis]  # one): dropped, its size-1 fine axes
+        if v.groups[axis] and groups:  # kept in some group, as below
+            groups[-1] += v.groups[axis]
+        return Lazy(v.src, list(v.ops), v.fine, groups)
     if len(g) != 1 or g[0] == N:
         raise BuildError(f"{where}: Gather on an axis that holds the batch or several axes")
     j = g[0]

@@ -183,3 +183,35 @@ LONG = 20  # steps: more readers of weight_hh than one pass reads (their gradien
 def test_a_sequence_longer_than_a_pass_reads(web, site, factory):
     check_op(web, site, f"long_{factory.__name__}", perturbed(factory), (LONG, FEAT),
              "cross_entropy" if factory is LastStep else "mse", batch=2)
+
+
+class LastHidden(nn.Module):
+    """One layer's h_n read as h_n[-1] (a stack of one state: an axis of size 1 before the batch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(FEAT, H, batch_first=True)
+        self.head = nn.Linear(H, 3)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[1][0][-1])
+
+
+@pytest.mark.parametrize("backend", ["webgl", "cpu"])
+def test_the_last_hidden_state_of_one_layer(web, site, backend):
+    check_op(web, site, f"last_hidden_{backend}", perturbed(LastHidden), (T, FEAT), "cross_entropy", batch=3,
+             options=BACKENDS[backend])
+
+
+@pytest.mark.parametrize("factory", [LastStep, LastHidden, deep_lstm, deep_gru, GRUTagger, ReluRNN])
+def test_the_torch_reference_of_the_graph_is_the_module(factory):
+    """prep/torch_ir.py (what evaluate and the build's fine-tuning run) computes the module's output from the IR."""
+    from texelfit.prep.graph import to_ir
+    from texelfit.prep.torch_ir import IRModule
+
+    torch.manual_seed(3)
+    model = perturbed(factory)().eval()
+    x = torch.randn(4, T, FEAT)
+    graph = to_ir(export_simplified(model, (T, FEAT)), (T, FEAT))
+    with torch.no_grad():
+        assert_close(f"{factory.__name__} IR", IRModule(graph)(x).numpy(), model(x).numpy(), **FWD)
