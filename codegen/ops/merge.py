@@ -92,22 +92,23 @@ def _grad_sum_kernel(terms: int) -> Kernel:
     return Kernel(f"grad_sum x{terms}", "kl", tuple(f"G{i}" for i in range(terms)), kl=_grad_sum_kl(terms))
 
 
+def _summed(terms: list[str], partial: str, out: str, rows: str, what: str) -> list[Pass]:
+    """`out` = the sum of the textures `terms`; with more than a pass reads (webgl2/blocking.py: sum_groups), groups
+    of them into f"{partial}{k}:" + what first, then those."""
+    groups = sum_groups(len(terms))
+    parts = [f"{partial}{k}:{what}" for k in range(len(groups))] or list(terms)
+    first = [Pass(_grad_sum_kernel(len(g)), [terms[j] for j in g], [part], rows, f"partial sum of gradients of {what}")
+             for g, part in zip(groups, parts)]
+    return first + [Pass(_grad_sum_kernel(len(parts)), parts, [out], rows, f"sum of gradients of {what}")]
+
+
 def param_grad_sum(param: str, readers: int) -> list[Pass]:
-    """pgrad:P = pgrad0:P + pgrad1:P + ...: the gradient of a parameter several layers read (schedule.py); with
-    more readers than a pass reads, groups of them into pgradsum{k}:P first (webgl2/layout.py: sum_groups)."""
-    groups = sum_groups(readers)
-    parts = [f"pgradsum{k}:{param}" for k in range(len(groups))] or [f"pgrad{j}:{param}" for j in range(readers)]
-    first = [Pass(_grad_sum_kernel(len(g)), [f"pgrad{j}:{param}" for j in g], [part], "full",
-                  f"partial sum of gradients of {param}") for g, part in zip(groups, parts)]
-    return first + [Pass(_grad_sum_kernel(len(parts)), parts, ["pgrad:" + param], "full", f"sum of gradients of {param}")]
+    """pgrad:P = pgrad0:P + pgrad1:P + ...: the gradient of a parameter several layers read (schedule.py), in groups
+    into pgradsum{k}:P first where there are more readers than a pass reads."""
+    return _summed([f"pgrad{j}:{param}" for j in range(readers)], "pgradsum", "pgrad:" + param, "full", param)
 
 
 def grad_sum(tensor, contributions, plan) -> list[Pass]:
-    """grad:T, the sum of the gradients of T's consumers; with more than a pass reads (the steps of an unrolled
-    recurrent layer reading its input projection), groups of them into gradsum{k}:T first."""
-    groups = sum_groups(len(contributions))
-    parts = [f"gradsum{k}:{tensor}" for k in range(len(groups))] or list(contributions)
-    first = [Pass(_grad_sum_kernel(len(g)), [contributions[j] for j in g], [part], "batch",
-                  f"partial sum of gradients of {tensor}") for g, part in zip(groups, parts)]
-    return first + [Pass(_grad_sum_kernel(len(parts)), parts, ["grad:" + tensor], "batch",
-                         f"sum of gradients of {tensor}")]
+    """grad:T, the sum of the gradients of T's consumers, in groups into gradsum{k}:T first where there are more than
+    a pass reads (the steps of an unrolled recurrent layer reading its input projection)."""
+    return _summed(list(contributions), "gradsum", "grad:" + tensor, "batch", tensor)
