@@ -25,6 +25,7 @@ UNIFORM_TYPES = {
     "u_batch": "int",          # rows of the current batch
     "u_loss_scale": "float",   # loss scaling: 1, or (float16 tier) what keeps small gradients normal halves
     "u_ring": "int",           # texel of the loss ring this step writes
+    "u_loss_weight": "float",  # an output's weight in the loss (fit's lossWeights; Pass.values of its gradient pass)
     "u_lr": "float",
     "u_momentum": "float", "u_dampening": "float", "u_nesterov": "float", "u_first": "float",
     "u_wd": "float", "u_decoupled": "float",

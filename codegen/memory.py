@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from texelfit.codegen.webgl2.layout import LayoutPlan
+from texelfit.codegen.webgl2.layout import LARGEST_TEXTURE_SIZE, LayoutPlan, loss_texture
 
 from .schedule import Schedule
 
@@ -55,7 +55,7 @@ class Slot:
 
 
 def sequence(schedule: Schedule) -> list:
-    out = schedule.forward + [p for ps in schedule.loss.values() for p in ps] + schedule.backward
+    out = schedule.forward + [p for kinds in schedule.loss for ps in kinds.values() for p in ps] + schedule.backward
     return out + [p for ps in schedule.optimizer.values() for p in ps]
 
 
@@ -77,8 +77,9 @@ def plan_storage(plan: LayoutPlan, schedule: Schedule) -> dict[str, int]:
             first.setdefault(name, i)
             last[name] = i
 
-    def shares(n):
-        return n in first and n not in read_first and tex[n].role not in OWN_ROLES and not tex[n].double
+    def shares(n):  # (the outputs, which the page reads after the forward, keep their own)
+        return n in first and n not in read_first and tex[n].role not in OWN_ROLES and not tex[n].double and \
+            n not in schedule.outputs
 
     order = {n: i for i, n in enumerate(tex)}
     candidates = []
@@ -163,16 +164,18 @@ def half_bytes(t) -> int:
     return t.width * t.height * 16
 
 
-def plan_memory(plan: LayoutPlan, storage: dict[str, int], *, output: str, inputs: list[str], parameters: int,
+def plan_memory(plan: LayoutPlan, storage: dict[str, int], *, outputs: list[str], inputs: list[str], parameters: int,
                 trains: bool) -> dict:
-    """`output`, `inputs`: the texture names of the model's output and inputs; `parameters`: the float32
+    """`outputs`, `inputs`: the texture names of the model's outputs and inputs; `parameters`: the float32
     values of the decoded weights; `trains`: whether the bundle trains (else fit_bytes is None)."""
     tex = plan.textures
     textures = role_bytes(plan, storage)["total_after"]
     snapshot = sum(half_bytes(t) for t in state_textures(plan))
-    block = half_bytes(tex["loss"]) + snapshot
-    predict_read = half_bytes(tex[output])
-    stages = sum(half_bytes(tex[n]) for n in [*inputs, "labels", "targets"] if n in tex)
+    each = range(len(outputs))  # (each output's loss ring, labels and targets: layout.loss_texture)
+    block = sum(half_bytes(tex[loss_texture("loss", k)]) for k in each) + snapshot
+    predict_read = sum(half_bytes(tex[o]) for o in outputs)
+    stages = sum(half_bytes(tex[n]) for n in [*inputs, *(loss_texture(kind, k) for k in each for kind in ("labels", "targets"))]
+                 if n in tex)
     upload = 4 * parameters + stages
     largest = max(tex.values(), key=lambda t: t.bytes)  # (the first of the largest, in the plan's order)
 
@@ -189,3 +192,15 @@ def plan_memory(plan: LayoutPlan, storage: dict[str, int], *, output: str, input
 def planned_peak(memory: dict) -> int:
     """What a model needs at most: a fit's peak where it trains, else a predict's."""
     return memory["fit_bytes"] if memory["fit_bytes"] is not None else memory["predict_bytes"]
+
+
+def check_layout(plan: LayoutPlan) -> None:
+    """Fail at build time for a texture that no device could hold, even folded."""
+    from texelfit.prep.errors import BuildError
+
+    for t in plan.textures.values():
+        if t.width * t.height > LARGEST_TEXTURE_SIZE ** 2:
+            raise BuildError(f"texture {t.name!r} of {t.role} with shape {list(t.shape)} needs {t.width}x{t.height} "
+                             f"texels: more than a texture of the largest size any device supports "
+                             f"({LARGEST_TEXTURE_SIZE}x{LARGEST_TEXTURE_SIZE}) can hold; lower --max-batch or "
+                             "the input size")

@@ -56,6 +56,8 @@ def architecture_fingerprint(graph: Graph) -> str:
     head = {"input": list(graph.input_shape)}
     if len(graph.inputs) > 1:  # (a single-input model's fingerprint is as it was before multi-input models)
         head["inputs"] = [[t, list(graph.shapes[t])] for t in graph.inputs]
+    if len(graph.outputs) > 1:  # (likewise)
+        head["outputs"] = list(graph.outputs)
     text = json.dumps({**head, "output": graph.output, "layers": layers,
                        **({"dtypes": graph.dtypes} if graph.dtypes else {})},
                       sort_keys=True, separators=(",", ":"), default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
@@ -76,7 +78,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
     if storage is None:
         storage = plan_storage(plan, schedule)
     if memory is None:
-        memory = plan_memory(plan, storage, output=plan.tensor(graph.output),
+        memory = plan_memory(plan, storage, outputs=[plan.tensor(o) for o in graph.outputs],
                              inputs=[plan.tensor(t) for t in graph.inputs], parameters=graph.parameter_count(),
                              trains=bool(graph.trainable_params()))
     kernels, sched, generated = serialize(schedule, list(plan.textures))
@@ -123,6 +125,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
             "input": plan.tensor(graph.input),
             "output": out_spec.name,
         },
+        # every output: {name (predict's key where there are several), shape, size, texture, loss (fit's default)}
+        "outputs": output_records(graph, plan, schedule, default_loss),
         "params": params,
         # the planned peak bytes (of a fit; of a predict where nothing trains) and the largest texture's name and
         # bytes: createModel's memoryBudget is checked against them (codegen/memory.py: plan_memory)
@@ -182,6 +186,8 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "kernel_count": len(kernels),
         "has_trunk": model["trunk"] is not None,
         "multi_input": multi,  # the runtime's code for inputs keyed by name is rendered only then
+        "multi_output": len(graph.outputs) > 1,  # (bundle.d.ts: predict's Outputs and fit's Targets, keyed by name)
+        "output_names": list(graph.output_names),
         "input_names": list(graph.inputs),
         "input_dtypes": [graph.dtype(t) for t in graph.inputs],
         "has_image": image is not None,  # fromImages' code (images.js) is rendered only then
@@ -193,6 +199,20 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "sequence_input": len(graph.input_shape) == 1,
         "vocab_json": _js_text("\n".join(tokenizer["vocab"])) if tokenizer is not None else "",
     }
+
+
+def output_records(graph: Graph, plan: LayoutPlan, schedule: Schedule, default_loss: str) -> list[dict]:
+    """The model's outputs in order: {name, shape (per sample), size, texture, loss}. Output k's loss textures are
+    layout.loss_texture's; its loss, fit's default for it: the build's --loss where the output takes it (the one
+    output of a model always), else the other kind."""
+    out = []
+    for k, (tensor, name) in enumerate(zip(graph.outputs, graph.output_names)):
+        kinds = list(schedule.loss[k]) if schedule.loss else []
+        loss = default_loss if len(graph.outputs) == 1 or default_loss in kinds or not kinds else kinds[-1]
+        shape = list(graph.shapes[tensor])
+        out.append({"name": name, "shape": shape, "size": int(np.prod(shape)), "texture": plan.tensor(tensor),
+                    "loss": loss})
+    return out
 
 
 def input_records(graph: Graph, plan: LayoutPlan) -> list[dict]:
@@ -281,6 +301,7 @@ def report(name: str, graph: Graph, plan: LayoutPlan, ctx: dict, files: dict[str
         "inputs": [{k: v for k, v in r.items() if k != "texture"} for r in input_records(graph, plan)],
         "input_dtype": graph.input_dtype,  # float32, or int64 / int32 token ids (build --input-dtype)
         "output_shape": list(graph.output_shape),
+        "outputs": [{"name": n, "shape": list(graph.shapes[t])} for t, n in zip(graph.outputs, graph.output_names)],
         "parameters": graph.parameter_count(),
         "layers": layers,
         "textures": [t.report() for t in plan.textures.values()],

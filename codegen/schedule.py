@@ -3,11 +3,11 @@
 The runtime is a small interpreter over what this module returns:
 
     predict                         forward passes
-    trainStep(loss, optimizer)      forward + loss[loss] + train_backward + optimizer[optimizer].passes,
+    trainStep(loss, optimizer)      forward + loss[k][loss of output k] for each output + train_backward + optimizer[optimizer].passes,
                                     then the optimizer's swaps (ping-pong pointer swaps); train_backward
                                     is backward without the parameter-gradient passes, which the
                                     optimizer passes compute themselves (ops/optim.py)
-    gradients(loss)                 forward + loss[loss] + backward
+    gradients(loss)                 forward + the outputs' losses + backward
     features / cached trunk         forward[:trunkPasses] (the frozen trunk, Graph.trunk), and the head:
                                     forward[trunkPasses:]
 
@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from texelfit.prep.ir import Graph
-from texelfit.codegen.webgl2.layout import LayoutPlan, TextureSpec
+from texelfit.codegen.webgl2.layout import LayoutPlan
 from texelfit.prep.errors import BuildError
 
 from . import ops
@@ -45,7 +45,9 @@ from .kl_print import js
 class Schedule:
     forward: list[Pass] = field(default_factory=list)
     backward: list[Pass] = field(default_factory=list)
-    loss: dict[str, list[Pass]] = field(default_factory=dict)
+    # each output's loss passes by loss kind, in the order of Graph.outputs (fit sums the outputs' losses)
+    loss: list[dict[str, list[Pass]]] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # the textures of the model's outputs, which the page reads
     optimizer: dict[str, list[Pass]] = field(default_factory=dict)
     swaps: dict[str, list[str]] = field(default_factory=dict)
     train_backward: list[int] = field(default_factory=list)  # indices into backward
@@ -53,7 +55,7 @@ class Schedule:
 
     def all_passes(self) -> list[Pass]:
         out = self.forward + self.backward
-        for group in list(self.loss.values()) + list(self.optimizer.values()):
+        for group in [g for kinds in self.loss for g in kinds.values()] + list(self.optimizer.values()):
             out += group
         return out
 
@@ -77,15 +79,20 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
     for name, readers in plan.param_grad_parts.items():  # a tied parameter: the sum of its readers' gradients
         s.backward += ops.param_grad_sum(name, len(readers))
 
-    out_spec: TextureSpec = tex[plan.tensor(graph.loss_input())]
-    for loss in ops.LOSSES:
-        if loss == "cross_entropy" and len(graph.output_shape) != 1:
-            continue  # class logits only
-        if graph.loss_input() not in plan.needs_grad:
-            continue  # nothing trains (--trainable none): no loss, no backward, no optimizer
-        if loss == "mse" and graph.loss_input() != graph.output:
-            continue  # a softmax output trains on its logits, by cross_entropy
-        s.loss[loss] = ops.loss_passes(loss, out_spec, plan.grad_targets[("<loss>", 0)])
+    s.outputs = [plan.tensor(o) for o in graph.outputs]
+    # nothing trains (--trainable none): no loss, no backward, no optimizer
+    trains = any(x in plan.needs_grad for x in graph.loss_inputs())
+    for k, out in enumerate(graph.outputs):
+        s.loss.append({})
+        x = graph.loss_input(out)
+        for loss in ops.LOSSES if trains else ():
+            if loss == "cross_entropy" and len(graph.shapes[out]) != 1:
+                continue  # class logits only
+            if loss == "mse" and x != out:
+                continue  # a softmax output trains on its logits, by cross_entropy
+            # (an output no trainable parameter reaches: its loss's value alone, which the sum the page reads counts)
+            grad = plan.grad_targets[("<loss>", k)] if x in plan.needs_grad else None
+            s.loss[k][loss] = ops.loss_passes(loss, tex[plan.tensor(x)], grad, k, len(graph.outputs) > 1)
 
     # the passes writing each parameter's gradient: one, or a one-sample pass and a blocked twin's
     # interleave, each for its batch sizes
@@ -97,7 +104,7 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
     for opt in ops.OPTIMIZERS:
         s.optimizer[opt] = []
         s.swaps[opt] = []
-        if not s.loss:
+        if not trains:
             continue
         for p in graph.params.values():
             if not graph.is_trainable(p.name):
@@ -170,7 +177,7 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
     data = {
         "forward": passes(schedule.forward),
         "backward": passes(schedule.backward),
-        "loss": {k: passes(v) for k, v in schedule.loss.items()},
+        "loss": [{k: passes(v) for k, v in kinds.items()} for kinds in schedule.loss],
         "optimizer": {k: passes(v) for k, v in schedule.optimizer.items()},
         "swaps": {k: [tex[n] for n in v] for k, v in schedule.swaps.items()},
         "trainBackward": schedule.train_backward,

@@ -76,7 +76,7 @@ def folds_into(layer: Layer, before: list[Layer], graph: Graph) -> Layer | None:
     x = layer.inputs[0]
     prev = next((l for l in before if x in l.outputs), None)
     if prev is None or prev.op not in WEIGHTED or "act" in prev.attrs or len(graph.consumers(x)) != 1 or \
-            x == graph.output:
+            x in graph.outputs:
         return None
     return prev
 

@@ -22,7 +22,7 @@ def fuse_activations(graph: Graph) -> Graph:
         x = layer.inputs[0] if layer.inputs else None
         prev = next((l for l in out if x in l.outputs), None)
         if (layer.op in UNARY and UNARY[layer.op].fusable and prev is not None and prev.op in WEIGHTED and "act" not in prev.attrs
-                and x != graph.output and len(graph.consumers(x)) == 1):
+                and x not in graph.outputs and len(graph.consumers(x)) == 1):
             attrs = dict(prev.attrs, act=layer.op, act_attrs=dict(layer.attrs))
             out[out.index(prev)] = dataclasses.replace(prev, outputs=list(layer.outputs), attrs=attrs,
                                                        name=f"{prev.name}+{layer.name}")

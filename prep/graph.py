@@ -64,8 +64,8 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
     g = model.graph
     consts: dict[str, object] = dict(initializer_arrays(model))  # name -> np.ndarray | symbolic list
     inputs = [i for i in g.input if i.name not in consts]
-    if not inputs or len(g.output) != 1:
-        raise BuildError(f"the model must have at least one input and exactly one output "
+    if not inputs or not g.output:
+        raise BuildError(f"the model must have at least one input and one output "
                          f"(it has {len(inputs)} inputs and {len(g.output)} outputs)")
     given = shape_list(input_shape)
     if given is not None and len(given) != len(inputs):
@@ -102,14 +102,21 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
 
     alias, lazy, twin_2d, act, layers, params = cx.alias, cx.lazy, cx.twin_2d, cx.act, cx.layers, cx.params
     meta = cx.meta
-    output = alias.get(g.output[0].name, g.output[0].name)
-    if output in lazy:
-        output = act(output)
-    if output in twin_2d:
-        output = act(output)
-    if output not in shapes or output in {i.name for i in inputs}:
-        raise BuildError(f"the model output {g.output[0].name!r} is not computed by any supported layer")
-    layers = onnx_shape.compose_gathers(layers, output, shapes)
+    outputs = []
+    for o in g.output:
+        output = alias.get(o.name, o.name)
+        if output in lazy:
+            output = act(output)
+        if output in twin_2d:
+            output = act(output)
+        if output not in shapes or output in {i.name for i in inputs}:
+            raise BuildError(f"the model output {o.name!r} is not computed by any supported layer")
+        if output in outputs:
+            raise BuildError(f"the model outputs {g.output[outputs.index(output)].name!r} and {o.name!r} are the same "
+                             "tensor: return it once")
+        outputs.append(output)
+    output = outputs[0]
+    layers = onnx_shape.compose_gathers(layers, outputs, shapes)
     layers = untie_unsupported(layers, params)
     order = [i.name for i in g.initializer]
     # (the big constants, Param.constant, after the parameters, as they were met)
@@ -117,7 +124,8 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
                           (0, order.index(kv[1].source or kv[0]), kv[0])))
     aliases = {k: v for k, v in json.loads(meta.get(ALIASES_KEY, "{}")).items() if v in ordered}
     return Graph(inp.name, output, shapes, layers, ordered, inputs=tuple(i.name for i in inputs),
-                 dtypes={k: v for k, v in dtypes.items() if v != "float32"}, aliases=aliases)
+                 dtypes={k: v for k, v in dtypes.items() if v != "float32"}, aliases=aliases, outputs=tuple(outputs),
+                 output_names=tuple(o.name for o in g.output))
 
 
 def untie_unsupported(layers: list[Layer], params: dict[str, Param]) -> list[Layer]:

@@ -131,7 +131,7 @@ class Layer:
 @dataclass
 class Graph:
     input: str  # the first input (all a single-input model has)
-    output: str
+    output: str  # the first output (all a single-output model has)
     shapes: dict[str, tuple[int, ...]]  # tensor name -> per-sample shape
     layers: list[Layer]
     params: dict[str, Param]  # in a stable order (the ONNX initializer order)
@@ -146,10 +146,19 @@ class Graph:
     dtypes: dict[str, str] = field(default_factory=dict)
     # a tied parameter's other state_dict keys -> its name (prep/naming.py: ALIASES_KEY)
     aliases: dict[str, str] = field(default_factory=dict)
+    # every output, in the order the model returns them (its ONNX graph's outputs): the first is `output`.
+    # () means (output,). Each has a loss of its own in fit (codegen/schedule.py), their weighted sum trains
+    outputs: tuple[str, ...] = ()
+    # the name the page knows each output by (the ONNX graph's output names: predict's keys); () means outputs
+    output_names: tuple[str, ...] = ()
 
     def __post_init__(self):
         self.inputs = tuple(self.inputs) or (self.input,)
         assert self.inputs[0] == self.input, (self.inputs, self.input)
+        self.outputs = tuple(self.outputs) or (self.output,)
+        assert self.outputs[0] == self.output, (self.outputs, self.output)
+        self.output_names = tuple(self.output_names) or self.outputs
+        assert len(self.output_names) == len(self.outputs), (self.output_names, self.outputs)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -177,14 +186,20 @@ class Graph:
     def output_shape(self) -> tuple[int, ...]:
         return self.shapes[self.output]
 
-    def loss_input(self) -> str:
-        """The tensor the losses read: the output, or for a model ending in softmax or log_softmax over
-        its classes the logits entering it (cross_entropy of those is what CrossEntropyLoss of the
-        logits, or NLLLoss of the log-probabilities, computes)."""
-        last = next((layer for layer in self.layers if self.output in layer.outputs), None)
-        if last is not None and last.op in SOFTMAX and len(self.output_shape) == 1:
+    def loss_input(self, output: str | None = None) -> str:
+        """The tensor the losses of `output` (default: the first) read: the output, or for an output of
+        softmax or log_softmax over its classes the logits entering it (cross_entropy of those is what
+        CrossEntropyLoss of the logits, or NLLLoss of the log-probabilities, computes)."""
+        output = output or self.output
+        last = next((layer for layer in self.layers if output in layer.outputs), None)
+        if last is not None and last.op in SOFTMAX and len(self.shapes[output]) == 1 and \
+                len(self.consumers(output)) + list(self.outputs).count(output) == 1:
             return last.inputs[0]
-        return self.output
+        return output
+
+    def loss_inputs(self) -> list[str]:
+        """Each output's loss_input, in order."""
+        return [self.loss_input(o) for o in self.outputs]
 
     def consumers(self, tensor: str) -> list[Layer]:
         return [layer for layer in self.layers if tensor in layer.inputs]
@@ -239,8 +254,8 @@ class Graph:
     def trunk(self) -> str | None:
         """The cut tensor of the frozen trunk: the latest tensor T such that every layer after T's
         producer reads only T and tensors produced after it, and no layer up to it trains (so the
-        head, the layers after it, computes from T alone and T does not change while the head
-        trains; every IR op is deterministic). None when the first trainable layer reads the input
+        head, the layers after it, computes from T alone, and every output, and T does not change while the
+        head trains; every IR op is deterministic). None when the first trainable layer reads the input
         (nothing to cache) or nothing trains."""
         first = next((i for i, layer in enumerate(self.layers) if self.trains(layer)), None)
         if first is None:
@@ -248,7 +263,8 @@ class Graph:
         for k in range(first - 1, -1, -1):
             cut = self.layers[k].outputs[0]
             later = {t for layer in self.layers[k + 1:] for t in layer.outputs}
-            if all(t == cut or t in later for layer in self.layers[k + 1:] for t in layer.inputs):
+            if all(t == cut or t in later for layer in self.layers[k + 1:] for t in layer.inputs) and \
+                    all(t == cut or t in later for t in self.outputs):
                 return cut
         return None
 

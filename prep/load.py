@@ -267,6 +267,7 @@ def export_module(module, input_shape, inputs=None, input_dtype="float32"):
         if d not in INPUT_DTYPES:
             raise BuildError(f"--input-dtype must be one of {', '.join(INPUT_DTYPES)}, got {d!r}")
     examples = tuple(torch.zeros((2,) + s, dtype=getattr(torch, d)) for s, d in zip(shapes, dtypes))
+    outputs = output_names(module, examples)
     shown = tuple(input_shape) if not inputs else "; ".join(str(s) for s in shapes)
     buf = io.BytesIO()
     with warnings.catch_warnings():
@@ -278,8 +279,8 @@ def export_module(module, input_shape, inputs=None, input_dtype="float32"):
             with unrolled(module):  # nn.LSTM and nn.GRU as the steps they compute (prep/recurrent.py)
                 torch.onnx.export(
                     module, examples, buf, dynamo=False, opset_version=OPSET,
-                    input_names=names, output_names=["output"],
-                    dynamic_axes={**{n: {0: "batch"} for n in names}, "output": {0: "batch"}},
+                    input_names=names, output_names=outputs,
+                    dynamic_axes={n: {0: "batch"} for n in names + outputs},
                     do_constant_folding=True, keep_initializers_as_inputs=True,
                     training=torch.onnx.TrainingMode.PRESERVE,
                 )
@@ -292,3 +293,36 @@ def export_module(module, input_shape, inputs=None, input_dtype="float32"):
             for m in dropouts:
                 m.eval()
     return onnx.load_from_string(buf.getvalue())
+
+
+def output_names(module, examples) -> list[str]:
+    """The names of the module's outputs as the exporter flattens them (predict's keys where there are several):
+    "output" for one tensor; a dict's keys (a Hugging Face ModelOutput's fields that are set), a named tuple's
+    fields, or output0, output1, ... for a tuple, joined by "_" where nested."""
+    import torch
+
+    # (on the examples, as the export runs it; the random state as it was: dropout in training mode draws)
+    with torch.no_grad(), torch.random.fork_rng(), unrolled(module):
+        try:
+            result = module(*examples)
+        except Exception:  # (the export that follows fails and says why, as it always has)
+            return ["output"]
+
+    def walk(x, prefix):
+        if isinstance(x, torch.Tensor):
+            return [prefix]
+        if isinstance(x, dict):
+            items = [(str(k), v) for k, v in x.items() if v is not None]
+        elif isinstance(x, tuple) and hasattr(x, "_fields"):
+            items = list(zip(x._fields, x))
+        elif isinstance(x, (tuple, list)):
+            items = [(f"output{i}" if not prefix else str(i), v) for i, v in enumerate(x)]
+        else:
+            return []
+        return [n for k, v in items for n in walk(v, f"{prefix}_{k}" if prefix else k)]
+
+    names = walk(result, "")
+    if len(names) <= 1:
+        return ["output"]
+    clean = ["".join(c if c.isalnum() or c == "_" else "_" for c in n) for n in names]
+    return clean if len(set(clean)) == len(clean) else [f"output{i}" for i in range(len(names))]

@@ -59,10 +59,11 @@ def reshape_target(where: str, target, in_shape, allowzero, batch_dim) -> tuple[
     return tuple(rest)
 
 
-def compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
-    """Fold a gather into the gather that reads it, where nothing else does: its parts become the
-    reader's, each chain followed by the reader's. ShuffleNet's Reshape -> Transpose -> Reshape is then
-    one pass, and rank-5 intermediates are never laid out. (The sum of parts commutes with any chain.)"""
+def compose_gathers(layers: list[Layer], outputs, shapes) -> list[Layer]:
+    """Fold a gather into the gather that reads it, where nothing else does (the model's `outputs` are read by
+    the page): its parts become the reader's, each chain followed by the reader's. ShuffleNet's Reshape ->
+    Transpose -> Reshape is then one pass, and rank-5 intermediates are never laid out. (The sum of parts
+    commutes with any chain.)"""
     producer = {l.outputs[0]: l for l in layers}
     readers: dict[str, list[Layer]] = {}
     for l in layers:
@@ -75,7 +76,7 @@ def compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
         if l.op == "flatten" and (getattr(producer.get(l.inputs[0]), "op", None) == "gather" or (
                 readers.get(l.outputs[0]) and all(r.op == "gather" for r in readers[l.outputs[0]]))):
             parts = [{"input": 0, "const": None, "ops": [("reshape", (int(np.prod(shapes[l.inputs[0]])),))]}]
-        elif l.op == "concat" and l.outputs[0] != output and len(readers.get(l.outputs[0], [])) == 1 and \
+        elif l.op == "concat" and l.outputs[0] not in outputs and len(readers.get(l.outputs[0], [])) == 1 and \
                 readers[l.outputs[0]][0].op == "gather":
             sizes = [shapes[t][0] for t in l.inputs]
             parts = [{"input": i, "const": None, "ops": [("pad", 0, sum(sizes[:i]), sum(sizes[i + 1:]))]}
@@ -96,11 +97,11 @@ def compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
             if outer.op != "gather":
                 continue
             slot = next((i for i, t in enumerate(outer.inputs) if t in producer and producer[t].op == "gather"
-                         and reads[t] == 1 and t != output and (outer.name, i) not in kept), None)
+                         and reads[t] == 1 and t not in outputs and (outer.name, i) not in kept), None)
             if slot is not None:
                 break
         else:
-            return _without_dead_gathers(layers, output, shapes)
+            return _without_dead_gathers(layers, outputs, shapes)
         inner = producer[outer.inputs[slot]]
         parts, tensors = [], []
         for p in outer.attrs["parts"]:
@@ -125,11 +126,11 @@ def compose_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
         del shapes[inner.outputs[0]]  # never laid out
 
 
-def _without_dead_gathers(layers: list[Layer], output: str, shapes) -> list[Layer]:
+def _without_dead_gathers(layers: list[Layer], outputs, shapes) -> list[Layer]:
     """Less the gathers (of no parameter) that nothing reads any more: those whose only reader composed them into a
     part it slices away (an unrolled recurrent layer's output steps that the model does not use)."""
     while True:
-        read = {t for l in layers for t in l.inputs} | {output}
+        read = {t for l in layers for t in l.inputs} | set(outputs)
         dead = [l for l in layers if l.op == "gather" and not l.params and l.outputs[0] not in read]
         if not dead:
             return layers

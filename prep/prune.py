@@ -114,8 +114,8 @@ def plan_prune(graph: Graph, ratio: float, *, round_to: int = 4) -> PrunePlan:
             axes[out] = (Seg(gs.new(n, reason="a constant"), n, 1),)
             continue
         axes[out] = opdef(layer.op).prune(layer, graph, axes, gs)  # (prep/ops/: each op's rule)
-    for s in axes[graph.output]:
-        gs.fix(s.group, "it is the model output")
+    for s in (s for o in graph.outputs for s in axes[o]):
+        gs.fix(s.group, "it is a model output")
 
     # One Group per root, in the order the roots first appear.
     root: dict[int, int] = {}
@@ -165,7 +165,7 @@ def apply_prune(graph: Graph, plan: PrunePlan) -> Graph:
     shapes = {}
     for t, s in graph.shapes.items():
         shapes[t] = (len(plan.kept(t)),) + tuple(s[1:]) if t in plan.axes else s
-    assert shapes[graph.input] == graph.input_shape and shapes[graph.output] == graph.output_shape
+    assert shapes[graph.input] == graph.input_shape and all(shapes[o] == graph.shapes[o] for o in graph.outputs)
     return dataclasses.replace(graph, shapes=shapes, layers=layers, params=params)
 
 

@@ -52,7 +52,7 @@ class IRModule(nn.Module):
         return None if n is None else self.p[key(n)]
 
     def forward(self, *xs):
-        """One tensor per input of the graph (Graph.inputs), in order."""
+        """One tensor per input of the graph (Graph.inputs), in order; its output, or a tuple of its outputs."""
         g = self.graph
         assert len(xs) == len(g.inputs), f"{len(xs)} tensors for the inputs {g.inputs}"
         env = dict(zip(g.inputs, xs))
@@ -64,7 +64,7 @@ class IRModule(nn.Module):
                 act, attrs = layer.attrs["act"], layer.attrs.get("act_attrs", {})
                 y = apply_elementwise(act, [y], attrs)
             env[layer.outputs[0]] = y
-        return env[g.output]
+        return env[g.output] if len(g.outputs) == 1 else tuple(env[o] for o in g.outputs)
 
 
 def write_back(graph: Graph, module: IRModule) -> Graph:

@@ -139,7 +139,10 @@ def test_shipped_runtime_is_compact(factory, shape):
     cpuGradientAndState, 0.40 KB of CPU_KERNELS), +149 bytes (37,874 -> 38,023): the budget is raised by that, to
     38,030; the dense and conv kernels' generic kernels printed in place of their twins (their tuned GLSL staying
     as WebGL2 routines), which leaves no hand-written CPU kernel, so CPU_KERNELS, cpuActivation, cpuLanes and the
-    ELEMENTWISE table they read go: 37,439 bytes (0.6% over issue 31's start, 37,228), and the budget back to 37,500.
+    ELEMENTWISE table they read go: 37,439 bytes (0.6% over issue 31's start, 37,228), and the budget back to 37,500;
+    several outputs (issue 32: fit, gradients, predict and the loss feed over each output's loss passes, textures and
+    ring; the one-output bundle takes outputs_single.js, 0.5 KB smaller than outputs_multi.js) +142 bytes (37,439 ->
+    37,581): the budget is raised by that, to 37,600.
     The opening comment and each shader's kernel-name line stay."""
     import gzip
 
@@ -150,7 +153,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_500
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_600
 
 
 def test_compact_js_keeps_strings_and_template_literals():

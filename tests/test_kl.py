@@ -256,7 +256,7 @@ def test_cross_entropy_kernels_printed_as_javascript(classes, stats):
     z, _ = _packed(rows, 1, classes, rng)
     labels = np.zeros((rows, 1, 4), np.float32)
     labels[:, 0, 0] = rng.integers(0, classes, rows)
-    u = {"u_batch": batch, "u_loss_scale": 4.0, "u_ring": ring}
+    u = {"u_batch": batch, "u_loss_scale": 4.0, "u_loss_weight": 0.5, "u_ring": ring}  # (an output's weight: fit's lossWeights)
     inputs = {"Z": z, "LABELS": labels}
     if stats:
         s = _run_js(cross_entropy_stats_kl(classes, c4), {"Z": z}, 1, rows)
@@ -270,7 +270,7 @@ def test_cross_entropy_kernels_printed_as_javascript(classes, stats):
     loss = torch.nn.functional.cross_entropy(logits, torch.tensor(labels[:batch, 0, 0], dtype=torch.int64))
     loss.backward()
     got = _run_js(cross_entropy_grad_kl(classes, c4, stats), inputs, c4, batch, u).reshape(batch, -1)
-    np.testing.assert_allclose(got[:, :classes], logits.grad.numpy() * 4.0, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[:, :classes], logits.grad.numpy() * 4.0 * 0.5, rtol=1e-5, atol=1e-7)
     assert not got[:, classes:].any(), "padding lanes stay zero"
     got = _run_js(cross_entropy_value_kl(classes, c4, stats), inputs, 8, 1, u)
     np.testing.assert_allclose(got[0, ring, 0], loss.item(), rtol=1e-5)
@@ -290,13 +290,13 @@ def test_mse_kernels_printed_as_javascript(sample_rows, f):
     samples, batch, f4, ring = 5, 3, -(-f // 4), 2
     y, yv = _packed(samples * sample_rows, 1, f, rng)
     t, tv = _packed(samples * sample_rows, 1, f, rng)
-    u = {"u_batch": batch, "u_loss_scale": 2.0, "u_ring": ring}
+    u = {"u_batch": batch, "u_loss_scale": 2.0, "u_loss_weight": 3.0, "u_ring": ring}
     features = sample_rows * f
     out = torch.tensor(yv[:batch * sample_rows].reshape(batch, -1), requires_grad=True)
     loss = torch.nn.functional.mse_loss(out, torch.tensor(tv[:batch * sample_rows].reshape(batch, -1)))
     loss.backward()
     got = _run_js(mse_grad_kl(features), {"Y": y, "T": t}, f4, batch * sample_rows, u).reshape(batch * sample_rows, -1)
-    np.testing.assert_allclose(got[:, :f], out.grad.numpy().reshape(-1, f) * 2.0, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[:, :f], out.grad.numpy().reshape(-1, f) * 2.0 * 3.0, rtol=1e-5, atol=1e-7)
     assert not got[:, f:].any()
     got = _run_js(mse_value_kl(features, sample_rows, f4), {"Y": y, "T": t}, 8, 1, u)
     np.testing.assert_allclose(got[0, ring, 0], loss.item(), rtol=1e-5)

@@ -28,8 +28,10 @@ from texelfit.prep.load import export_simplified
 
 BATCH = 3
 # the per-step uniforms a kernel may read (codegen/kernels.py: UNIFORM_TYPES): a loss scale other than 1, a
-# training step's dropout (its masks drawn, from a seed with all 31 bits in use), a loss value's texel of the ring
-UNIFORMS = {"u_batch": BATCH, "u_loss_scale": 4.0, "u_dropout": 1.0, "u_dropseed": 0x6A09E667, "u_ring": 5}
+# training step's dropout (its masks drawn, from a seed with all 31 bits in use), a loss value's texel of the ring,
+# an output's loss weight other than 1
+UNIFORMS = {"u_batch": BATCH, "u_loss_scale": 4.0, "u_loss_weight": 0.5, "u_dropout": 1.0, "u_dropseed": 0x6A09E667,
+            "u_ring": 5}
 
 
 class Pools(nn.Module):
@@ -210,7 +212,7 @@ def kl_passes(name):
     plan = plan_layout(graph, MAX_BATCH.get(name, BATCH))
     s = build_schedule(graph, plan)
     seen, out = set(), []
-    for p in s.forward + s.backward + [p for passes in s.loss.values() for p in passes]:
+    for p in s.forward + s.backward + [p for kinds in s.loss for passes in kinds.values() for p in passes]:
         # (a WebGL2 routine's column-blocked draw, into or from the parts col0..7: its generic kernel is the plain
         # forward's, printed reading X whole; a sample-blocked one's runs, writing the tensor whole, below)
         laid_out = p.kernel.routine and p.wide is not None

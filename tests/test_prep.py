@@ -7,7 +7,8 @@ from onnx import TensorProto, helper
 
 from texelfit.build import compile_onnx
 from texelfit.prep.packing import Packing
-from texelfit.codegen.webgl2.layout import TextureSpec, check_layout, plan_layout
+from texelfit.codegen.memory import check_layout
+from texelfit.codegen.webgl2.layout import TextureSpec, plan_layout
 from texelfit.prep.load import BuildError
 
 

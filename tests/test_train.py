@@ -51,7 +51,7 @@ def test_softmax_statistics_pass_from_many_classes():
         js = compile_onnx(export_simplified(factory(), (45,)), name="m", input_shape=(45,), max_batch=16).files["m.js"]
         kernels = json.loads(re.search(r"^const KERNELS = (.*);$", js, re.M).group(1))
         textures = [t["name"] for t in json.loads(re.search(r"^const TEXTURES = (.*);$", js, re.M).group(1))]
-        ce = json.loads(re.search(r"^const SCHEDULE = (.*);$", js, re.M).group(1))["loss"]["cross_entropy"]
+        ce = json.loads(re.search(r"^const SCHEDULE = (.*);$", js, re.M).group(1))["loss"][0]["cross_entropy"]
         return [(kernels[p["kernel"]]["name"], [textures[i] for i in p["inputs"]], [textures[i] for i in p["outputs"]])
                 for p in ce], textures
 

@@ -84,3 +84,27 @@ def test_a_multi_input_bundle_types_its_inputs_by_name(tmp_path):
         with open(usage, "w") as f:
             f.write(original)
     assert r.returncode != 0 and "'mask' is missing" in r.stdout, r.stdout
+
+
+def test_a_bundle_of_several_outputs_types_them_by_name():
+    """predict returns `Outputs` and fit and gradients take `Targets`, one array per output name, with a loss and a
+    weight per output; y missing an output does not type-check."""
+    from test_outputs import FEAT, Detector
+
+    torch.manual_seed(0)
+    out = os.path.join(ROOT, "dist", "typecheck_outputs")
+    shutil.rmtree(out, ignore_errors=True)
+    write_files(out, compile_onnx(export_simplified(Detector(), (FEAT,)), name="model", input_shape=(FEAT,)).files)
+    config = os.path.join(ROOT, "tests", "typecheck", "tsconfig.outputs.json")
+    r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    usage = os.path.join(ROOT, "tests", "typecheck", "outputs.ts")
+    original = open(usage).read()
+    try:
+        with open(usage, "w") as f:
+            f.write(original.replace(", box: new Float32Array(2 * 4) }", " }"))
+        r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        with open(usage, "w") as f:
+            f.write(original)
+    assert r.returncode != 0 and '"box"\' is missing' in r.stdout, r.stdout

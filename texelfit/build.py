@@ -22,14 +22,14 @@ import os
 from dataclasses import dataclass
 
 from texelfit.codegen.render import model_context, render_bundle, report
-from texelfit.codegen.memory import plan_memory, plan_storage, planned_peak, role_bytes
+from texelfit.codegen.memory import check_layout, plan_memory, plan_storage, planned_peak, role_bytes
 from texelfit.codegen.schedule import build_schedule
 from texelfit.data import Data, check_data, digits_data, evaluate, load_data
 from texelfit.prep.fold import fold_batchnorm
 from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
 from texelfit.prep.ir import Graph
-from texelfit.codegen.webgl2.layout import LayoutPlan, check_layout, plan_layout
+from texelfit.codegen.webgl2.layout import LayoutPlan, plan_layout
 from texelfit.prep.errors import BuildError
 from texelfit.prep.load import load_onnx
 from texelfit.prep.trust import check_trainable, selected
@@ -103,6 +103,9 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
         if eval_data is not None or finetune_data is not None:
             raise BuildError("--eval-data and --finetune-data hold one array x: they are not supported yet for a "
                              f"model with several inputs ({', '.join(imported.inputs)})")
+    if len(imported.outputs) > 1 and (eval_data is not None or finetune_data is not None):
+        raise BuildError("--eval-data and --finetune-data hold one array y: they are not supported yet for a model "
+                         f"with several outputs ({', '.join(imported.output_names)})")
     image = image_input(imported.input_shape, input_normalize)
     length = tokenizer_input(tok, imported.input_shape)
     full = fold_batchnorm(imported)
@@ -182,7 +185,7 @@ def plan_batch(graph: Graph, max_batch: int | None, budget: int):
         check_layout(plan)
         schedule = build_schedule(graph, plan)
         storage = plan_storage(plan, schedule)
-        memory = plan_memory(plan, storage, output=plan.tensor(graph.output),
+        memory = plan_memory(plan, storage, outputs=[plan.tensor(o) for o in graph.outputs],
                              inputs=[plan.tensor(t) for t in graph.inputs], parameters=graph.parameter_count(),
                              trains=bool(graph.trainable_params()))
         return plan, schedule, storage, memory

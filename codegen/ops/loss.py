@@ -17,7 +17,7 @@ import numpy as np
 
 from texelfit.prep.packing import ceil_div
 
-from texelfit.codegen.webgl2.layout import CE_STATS, ce_stats
+from texelfit.codegen.webgl2.layout import CE_STATS, ce_stats, loss_texture
 
 from .. import kl
 from ..kernels import Kernel, Pass
@@ -59,14 +59,14 @@ def cross_entropy_stats_kl(classes: int, c4: int) -> kl.KernelDef:
 
 def cross_entropy_grad_kl(classes: int, c4: int, stats: bool) -> kl.KernelDef:
     """dZ[n, c] = (softmax(Z[n])[c] - (c == label[n])) / batch, times u_loss_scale (the weight-gradient kernels
-    divide it out); padding lanes zero."""
+    divide it out) and the output's u_loss_weight; padding lanes zero."""
     k = kl.KernelDef()
     classes, c4 = k.syms(classes=classes, c4=c4)
     mx, total = _softmax_stats(k, ROW, classes, c4, stats)
     label = k.let("label", to_float(_label(ROW)))
     prob = k.let("prob", exp(load("Z", ROW, COL) - mx) / total)
     channel = splat(to_float(COL * 4)) + vec4_of(0.0, 1.0, 2.0, 3.0)
-    scale = uniform("u_loss_scale", "float") / to_float(uniform("u_batch", "int"))
+    scale = uniform("u_loss_scale", "float") * uniform("u_loss_weight", "float") / to_float(uniform("u_batch", "int"))
     k.out(select(is_valid(classes, COL), select(channel.eq(splat(label)), prob - 1.0, prob) * scale, 0.0))
     return k
 
@@ -88,10 +88,11 @@ def cross_entropy_value_kl(classes: int, c4: int, stats: bool) -> kl.KernelDef:
 
 
 def mse_grad_kl(features: int) -> kl.KernelDef:
-    """dY = 2 (Y - T) / (batch * features), times u_loss_scale."""
+    """dY = 2 (Y - T) / (batch * features), times u_loss_scale and the output's u_loss_weight."""
     k = kl.KernelDef()
     features = k.sym("features", float(features))
-    scale = uniform("u_loss_scale", "float") / (to_float(uniform("u_batch", "int")) * features)
+    scale = uniform("u_loss_scale", "float") * uniform("u_loss_weight", "float") / \
+        (to_float(uniform("u_batch", "int")) * features)
     k.out(2.0 * (load("Y", ROW, COL) - load("T", ROW, COL)) * scale)
     return k
 
@@ -112,23 +113,29 @@ def mse_value_kl(features: int, sample_rows: int, width: int) -> kl.KernelDef:
     return k
 
 
-def loss_passes(loss, out_spec, grad_texture):
+def loss_passes(loss, out_spec, grad_texture, k=0, weighted=False):
+    """The passes of output k's `loss` of the tensor in `out_spec`, into its textures (layout.loss_texture): the
+    gradient into `grad_texture` (None: no trainable parameter reaches the output, its value alone), and the
+    value into its loss ring. `weighted` (a model of several outputs): the gradient pass sets u_loss_weight, which
+    fit sets to the output's weight (its lossWeights); otherwise the runner's u_loss_weight, 1, is read."""
     features = int(np.prod(out_spec.shape[1:]))
     first = []
     if loss == "cross_entropy":
         classes = out_spec.packing.chans
         c4 = ceil_div(classes, 4)
-        inputs, textures = ("Z", "LABELS"), [out_spec.name, "labels"]
+        inputs, textures = ("Z", "LABELS"), [out_spec.name, loss_texture("labels", k)]
         stats = ce_stats(features)
         if stats:  # the softmax's max and sum, once a sample, for both passes below
-            k = Kernel("cross_entropy_stats", "kl", ("Z",), kl=cross_entropy_stats_kl(classes, c4))
-            first = [Pass(k, [out_spec.name], [CE_STATS], "batch", loss)]
-            inputs, textures = inputs + ("S",), textures + [CE_STATS]
+            s = Kernel("cross_entropy_stats", "kl", ("Z",), kl=cross_entropy_stats_kl(classes, c4))
+            first = [Pass(s, [out_spec.name], [loss_texture(CE_STATS, k)], "batch", loss)]
+            inputs, textures = inputs + ("S",), textures + [loss_texture(CE_STATS, k)]
         grad_kl = cross_entropy_grad_kl(classes, c4, stats)
         value_kl = cross_entropy_value_kl(classes, c4, stats)
     else:
-        inputs, textures = ("Y", "T"), [out_spec.name, "targets"]
+        inputs, textures = ("Y", "T"), [out_spec.name, loss_texture("targets", k)]
         grad_kl, value_kl = mse_grad_kl(features), mse_value_kl(features, out_spec.sample_rows, out_spec.width)
-    g = Kernel(f"{loss}_grad", "kl", inputs, uniforms=("u_batch", "u_loss_scale"), kl=grad_kl)
+    g = Kernel(f"{loss}_grad", "kl", inputs, uniforms=("u_batch", "u_loss_scale", "u_loss_weight"), kl=grad_kl)
     v = Kernel(f"{loss}_value", "kl", inputs, uniforms=("u_batch",), kl=value_kl)
-    return first + [Pass(g, textures, [grad_texture], "batch", loss), Pass(v, textures, ["loss"], "ring", loss)]
+    grad = [Pass(g, textures, [grad_texture], "batch", loss, values={"u_loss_weight": 1.0} if weighted else {})] \
+        if grad_texture is not None else []
+    return first + grad + [Pass(v, textures, [loss_texture("loss", k)], "ring", loss)]

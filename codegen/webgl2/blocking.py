@@ -105,7 +105,7 @@ def column_only(tensor: str, graph: Graph, needs: set[str]) -> bool:
     producer = next((layer for layer in graph.layers if tensor in layer.outputs), None)
     if producer is None or not column_blocked(producer, graph) or tensor in needs:
         return False
-    if tensor in (graph.output, graph.loss_input(), graph.trunk()):
+    if tensor in (*graph.outputs, *graph.loss_inputs(), graph.trunk()):
         return False
     readers = graph.consumers(tensor)
     return bool(readers) and all(reads_columns(layer, graph) and not graph.trains(layer) for layer in readers)

@@ -99,6 +99,12 @@ def ce_stats(classes: int) -> bool:
     return ceil_div(classes, 4) >= CE_STATS_MIN_C4
 
 
+def loss_texture(kind: str, k: int) -> str:
+    """Output k's loss texture of `kind` ("targets", "labels", CE_STATS, "loss": its ring): "targets{k}" and so on,
+    the first output's named `kind` alone."""
+    return kind if k == 0 else f"{kind}{k}"
+
+
 def flattens_in_place(layer, graph: Graph) -> bool:
     """A flatten whose input already has the texels of its output (not (C, H, W) with H*W > 1), or a
     gather that is a pure view (see gather_is_view): either shares its input's texture."""
@@ -270,9 +276,8 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         add(TextureSpec(name, role, shape + (max_batch,), samples_last_packing(shape, max_batch),
                         ceil_div(c, rows_of) * rows_of * h))
 
-    needs = graph.needs_grad()
-    if graph.loss_input() != graph.output:  # the loss reads the logits before the softmax: no gradient after them
-        needs.discard(graph.output)
+    # (a loss reading the logits before the softmax: no gradient after them)
+    needs = graph.needs_grad() - {o for o in graph.outputs if graph.loss_input(o) != o}
     act_alias: dict[str, str] = {}
     for tensor in graph.inputs:
         per_sample("act:" + tensor, "activation", tensor)
@@ -323,8 +328,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         if out not in needs:
             continue
         uses = [(c, i) for c in graph.layers for i, t in enumerate(c.inputs) if t == out and c.outputs[0] in needs]
-        if out == graph.loss_input():
-            uses = [("<loss>", 0)] + uses
+        uses = [("<loss>", k) for k, x in enumerate(graph.loss_inputs()) if x == out] + uses  # (output k's loss)
         contributions = []
         for k, (consumer, slot) in enumerate(uses):
             cname = consumer if isinstance(consumer, str) else consumer.name
@@ -377,24 +381,12 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             for t in range(SAMPLE_BLOCK):
                 add(TextureSpec(f"blk{t}:pgrad:{p.name}", "param_grad", (rows, packing.chans), part, rows))
 
-    labels = matrix_packing(max_batch, 1)
-    add(TextureSpec("labels", "labels", (max_batch,), labels, max_batch, 1))
-    if len(graph.output_shape) == 1 and ce_stats(graph.output_shape[0]):  # (float32 in every tier)
-        add(TextureSpec(CE_STATS, "loss", (max_batch, 2), matrix_packing(max_batch, 2), max_batch, 1))
-    per_sample("targets", "targets", graph.loss_input())
-    ring = matrix_packing(1, 4 * LOSS_RING)
-    add(TextureSpec("loss", "loss", (LOSS_RING,), ring, 1))
+    labels, ring = matrix_packing(max_batch, 1), matrix_packing(1, 4 * LOSS_RING)
+    for k, o in enumerate(graph.outputs):  # each output's loss: its labels or targets, and its ring of values
+        add(TextureSpec(loss_texture("labels", k), "labels", (max_batch,), labels, max_batch, 1))
+        if len(graph.shapes[o]) == 1 and ce_stats(graph.shapes[o][0]):  # (float32 in every tier)
+            add(TextureSpec(loss_texture(CE_STATS, k), "loss", (max_batch, 2), matrix_packing(max_batch, 2), max_batch, 1))
+        per_sample(loss_texture("targets", k), "targets", graph.loss_input(o))
+        add(TextureSpec(loss_texture("loss", k), "loss", (LOSS_RING,), ring, 1))
     return LayoutPlan(textures, act_alias, grad_targets, grad_sums, grad_alias, needs, act_grad_fused,
                       param_grad_parts)
-
-
-def check_layout(plan: LayoutPlan) -> None:
-    """Fail at build time for a texture that no device could hold, even folded."""
-    from texelfit.prep.errors import BuildError
-
-    for t in plan.textures.values():
-        if t.width * t.height > LARGEST_TEXTURE_SIZE ** 2:
-            raise BuildError(f"texture {t.name!r} of {t.role} with shape {list(t.shape)} needs {t.width}x{t.height} "
-                             f"texels: more than a texture of the largest size any device supports "
-                             f"({LARGEST_TEXTURE_SIZE}x{LARGEST_TEXTURE_SIZE}) can hold; lower --max-batch or "
-                             "the input size")

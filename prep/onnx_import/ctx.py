@@ -56,7 +56,7 @@ class Importer:
         # [N, ...]): per-sample array; only Concat takes them, as constant parts of a gather
         self.batch_consts: dict[str, np.ndarray] = {}
         self.expanded_params: dict[str, str] = {}  # those of them that are a trainable parameter expanded: -> its name
-        self.used = {t for n in g.node for t in n.input} | {g.output[0].name}
+        self.used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
         # the (C, T) output of a 1-D conv or pool -> the (C, 1, T) tensor it is computed as: a 2-D conv or
         # pool reads that twin directly; anything else gets the (C, T) tensor, a relayout of it, when it first
         # reads it (a gather)

@@ -2,20 +2,23 @@
 // Functions of a model's state `s` (model.js: modelState). x is checked by inputs_single.js or
 // inputs_multi.js (checkX, readX), which also say the input textures (INPUTS) and x's arrays (xArrays).
 
-// Upload samples order[start .. start+count) of x (and y) as the current batch.
-function uploadBatch(s, xs, ys, loss, order, start, count) {
+// Upload samples order[start .. start+count) of x (and of each output's y: `losses`, outputs_multi.js: resolveLosses)
+// as the current batch.
+function uploadBatch(s, xs, losses, order, start, count) {
   const tex = s.gpu.textures;
   if (xs) {
     const arrays = xArrays(xs);
     INPUTS.forEach((inp, k) => uploadSamples(s, tex.get(inp.texture), arrays[k], inp.size, s.stage[k], order, start, count));
   }
-  if (!ys) return;
-  if (loss === 'cross_entropy') {
-    for (let b = 0; b < count; b++) s.labelStage[4 * b] = ys[order ? order[start + b] : start + b];
-    s.gpu.upload(tex.get('labels'), s.labelStage, count);
-  } else {
-    uploadSamples(s, tex.get('targets'), ys, MODEL.outputSize, s.targetStage, order, start, count);
-  }
+  (losses ?? []).forEach(({ kind, ys }, k) => {
+    const stage = s.lossStages[k];
+    if (kind === 'cross_entropy') {
+      for (let b = 0; b < count; b++) stage.labels[4 * b] = ys[order ? order[start + b] : start + b];
+      s.gpu.upload(tex.get(lossTexture('labels', k)), stage.labels, count);
+    } else {
+      uploadSamples(s, tex.get(lossTexture('targets', k)), ys, OUTPUTS[k].size, stage.targets, order, start, count);
+    }
+  });
 }
 
 // Pack each sample into its rows of the staging buffer, then upload the batch's rows at once.

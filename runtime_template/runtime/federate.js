@@ -51,7 +51,7 @@ async function joinFederation(m, url, { x, y, onRound } = {}) {
         });
       }
       const loss = r.loss.reduce((a, b) => a + b) / r.loss.length;
-      const meta = { round: t.round, samples: MODEL.defaultLoss === 'cross_entropy' ? y.length : y.length / MODEL.outputSize,
+      const meta = { round: t.round, samples: ySamples(y),
                      loss, format: int8 ? 'int8' : 'float32', names, sizes };
       await call('update', { headers: { ...headers, 'x-texelfit-update': JSON.stringify(meta) }, body });
       onRound?.({ round: t.round, loss, sent: body.byteLength });

@@ -17,22 +17,21 @@ function fitSamples(s, x, y, options) {
   }, () => {
     requireTrainable('fit');
     const o = checkOptions(options, FIT_OPTIONS, 'fit options');
-    const loss = o.loss ?? MODEL.defaultLoss;
     const list = imageList(x); // (image sources: only a model with one image input takes them)
     const [xs, samples] = list ? [null, list.length] : readX(x, 'x');
-    const ys = checkY(y, samples, loss);
+    const losses = resolveLosses(o, y, samples); // (each output's loss, weight and y: outputs_multi.js)
     const batchSize = o.batchSize ?? Math.min(32, MODEL.maxBatch);
     checkBatch(batchSize, 'batchSize', MODEL.maxBatch);
     const opt = resolveOptimizer(o.optimizer);
     const mu = checkOptions(o.proximal, PROXIMAL_OPTIONS, 'fit options.proximal').mu ?? 0;
     // transfer learning: the parameters this fit trains, and whether the frozen trunk is cached
     const only = resolveTrainable(o.trainable);
-    args = { xs, list, ys, samples, loss, opt, mu, batchSize, epochs: o.epochs ?? 1, shuffle: o.shuffle ?? true, seed: o.seed, onStep: o.onStep,
+    args = { xs, list, losses, samples, opt, mu, batchSize, epochs: o.epochs ?? 1, shuffle: o.shuffle ?? true, seed: o.seed, onStep: o.onStep,
              only, cacheTrunk: o.cacheTrunk ?? true, dropout: o.dropout ?? true };
   });
 }
 
-async function train(s, { xs, ys, samples, loss, opt, mu, batchSize, epochs, shuffle, seed, onStep, only, cacheTrunk, dropout }) {
+async function train(s, { xs, losses: lossSpec, samples, opt, mu, batchSize, epochs, shuffle, seed, onStep, only, cacheTrunk, dropout }) {
   const perEpoch = Math.ceil(samples / batchSize);
   const total = perEpoch * epochs;
   const ring = MODEL.lossRing;
@@ -79,13 +78,13 @@ async function train(s, { xs, ys, samples, loss, opt, mu, batchSize, epochs, shu
   // the programs of a training step, compiled now rather than at createModel (runner.js)
   const rr = s.gpu.runner;
   const sizes = samples % batchSize ? [batchSize, samples % batchSize] : [batchSize];
-  await rr.prepare([rr.forward, rr.loss[loss], rr.trainBackward, optimizerOf(s, rr, kernel, only, anchors).passes], sizes);
+  await rr.prepare([rr.forward, lossPasses(rr, lossSpec), rr.trainBackward, optimizerOf(s, rr, kernel, only, anchors).passes], sizes);
   // the frozen trunk's output of every sample, computed once for the fit (null: not cached; no trunk,
   // MODEL.trunk null: fit runs the whole forward)
   const trunk = cacheTrunk && MODEL.trunk ? await trunkCache(s, xs, samples) : null;
 
   const losses = new Array(total);
-  const feed = new LossFeed(() => s.gpu, losses);
+  const feed = new LossFeed(() => s.gpu, losses, lossSpec);
   let generation = s.generation;
   let pending = null; // the readback of the last block of steps: true when done, null if lost
   let failure = null; // { step, value } of the first non-finite loss
@@ -127,7 +126,7 @@ async function train(s, { xs, ys, samples, loss, opt, mu, batchSize, epochs, shu
       const start = (step % perEpoch) * batchSize;
       const count = Math.min(batchSize, samples - start);
       if (trunk) uploadTrunk(s, trunk, orders[epoch], start, count);
-      uploadBatch(s, trunk ? null : xs, ys, loss, orders[epoch], start, count);
+      uploadBatch(s, trunk ? null : xs, lossSpec, orders[epoch], start, count);
       s.stateIs = null; // this step changes the state
       r.uniforms.u_batch = count;
       r.uniforms.u_ring = step % ring;
@@ -135,7 +134,7 @@ async function train(s, { xs, ys, samples, loss, opt, mu, batchSize, epochs, shu
       r.uniforms.u_mu = mu;
       if (MODEL.dropout) dropoutUniforms(r.uniforms, dropout, dropSeed, step); // (a model with dropout: dropout.js)
       r.run(trunk ? r.head : r.forward);
-      r.run(r.loss[loss]);
+      r.run(lossPasses(r, lossSpec));
       r.run(r.trainBackward); // without the parameter-gradient passes: the optimizer computes those
       r.uniforms.u_dropout = 0; // (dropout applies in a training step's forward and backward alone)
       const update = optimizerOf(s, r, kernel, only, anchors);
@@ -146,7 +145,7 @@ async function train(s, { xs, ys, samples, loss, opt, mu, batchSize, epochs, shu
       step++;
       if (step % ring === 0 || step === total) {
         await feed.settle(); // (every readback awaits the one before it: the feed's lag stays bounded)
-        pending = readBlock(s, step, losses, fail, (f) => { gpuFailure = gpuFailure ?? f; });
+        pending = readBlock(s, step, losses, lossSpec, fail, (f) => { gpuFailure = gpuFailure ?? f; });
         feed.track(step, pending);
       } else if (feed.due(step)) {
         await feed.issue(step);
@@ -201,9 +200,9 @@ async function train(s, { xs, ys, samples, loss, opt, mu, batchSize, epochs, shu
 // before is confirmed good when the first loss computed from it is finite.
 // A GL error since the last check (GL_OUT_OF_MEMORY, say: a readback buffer too large) goes to
 // `gpuFail` instead: neither the losses nor the snapshot are taken, since either may be garbage.
-async function readBlock(s, end, losses, fail, gpuFail) {
-  const ringRec = s.gpu.textures.get('loss');
-  const recs = [ringRec, ...stateRecs(s)];
+async function readBlock(s, end, losses, lossSpec, fail, gpuFail) {
+  const rings = lossRings(s.gpu); // (each output's: outputs_multi.js)
+  const recs = [...rings, ...stateRecs(s)];
   const { step: optStep, type: optimizer, buffered } = s.optimizer;
   let data;
   try {
@@ -218,7 +217,7 @@ async function readBlock(s, end, losses, fail, gpuFail) {
   const first = end - ((end - 1) % ring + 1);
   let finite = true;
   for (let i = first; i < end; i++) {
-    const v = data[0][4 * (i % ring)];
+    const v = ringLoss(data, lossSpec, i);
     losses[i] = v;
     if (!Number.isFinite(v)) {
       fail({ step: i, value: v });
@@ -227,7 +226,7 @@ async function readBlock(s, end, losses, fail, gpuFail) {
     }
   }
   const snap = { fitStep: end, optStep, optimizer, buffered, data: new Map() };
-  recs.slice(1).forEach((rec, i) => snap.data.set(rec.spec.name, data[i + 1]));
+  recs.slice(rings.length).forEach((rec, i) => snap.data.set(rec.spec.name, data[i + rings.length]));
   // the snapshot taken at `first` is good if the loss computed from its weights is finite
   if (Number.isFinite(losses[first]) && s.snapshot && s.snapshot.fitStep === first) {
     s.confirmed = s.snapshot;

@@ -31,28 +31,29 @@ function checkBatch(batch, what, max = Infinity) {
   }
 }
 
-// y of `samples` samples for `loss`: class indices (cross_entropy) or targets, as they upload (batches.js).
-function checkY(y, samples, loss) {
+// y of `samples` samples for output `out`'s `loss` (outputs.js: OUTPUTS): class indices (cross_entropy) or
+// targets, as they upload (batches.js). `what`: y, or y.NAME of a model with several outputs.
+function checkY(y, samples, loss, out, what) {
   if (loss === 'cross_entropy') {
     if (!(y instanceof Int32Array)) {
-      throw new TexelfitError('bad-labels', `y must be an Int32Array of class indices for cross_entropy, got ${kindOf(y)}`);
+      throw new TexelfitError('bad-labels', `${what} must be an Int32Array of class indices for cross_entropy, got ${kindOf(y)}`);
     }
     if (y.length !== samples) {
-      throw new TexelfitError('bad-labels', `y has ${y.length} labels, expected one per sample (${samples})`);
+      throw new TexelfitError('bad-labels', `${what} has ${y.length} labels, expected one per sample (${samples})`);
     }
-    const classes = MODEL.outputSize;
+    const classes = out.size;
     for (let i = 0; i < y.length; i++) {
       if (!Number.isInteger(y[i]) || y[i] < 0 || y[i] >= classes) {
-        throw new TexelfitError('label-out-of-range', `label y[${i}] = ${y[i]} is not a class index in [0, ${classes})`);
+        throw new TexelfitError('label-out-of-range', `label ${what}[${i}] = ${y[i]} is not a class index in [0, ${classes})`);
       }
     }
     return y;
   }
-  const ys = toFloat32(y, 'y');
-  if (ys.length !== samples * MODEL.outputSize) {
+  const ys = toFloat32(y, what);
+  if (ys.length !== samples * out.size) {
     throw new TexelfitError('bad-targets',
-      `y has ${ys.length} values, expected ${samples} x ${MODEL.outputSize} (batch x outputShape [${MODEL.outputShape}])`);
+      `${what} has ${ys.length} values, expected ${samples} x ${out.size} (batch x ${what === 'y' ? 'outputShape' : 'its shape'} [${out.shape}])`);
   }
-  checkFinite(ys, 'y');
+  checkFinite(ys, what);
   return ys;
 }

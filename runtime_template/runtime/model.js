@@ -34,6 +34,7 @@ class Model {
       // those folded past the size limit (not a blocked part folded on every device: blocking.blocked_fold)
       foldedTextures: [...gpu.textures.values()].filter((r) => r.tiled && !r.spec.fold).length,
       loss: MODEL.defaultLoss,
+      outputs: outputInfo(), // {name, shape, loss (fit's default)} of each output (outputs_multi.js)
       trainable: Object.freeze(MODEL.trainable.slice()), // the parameters that train (build --trainable)
       trunk: MODEL.trunk ? MODEL.trunk.tensor : null, // the frozen trunk's output tensor, cached by fit
       image: MODEL.image && Object.freeze(MODEL.image), // fromImages' preprocessing (MODEL.image), or null
@@ -167,10 +168,10 @@ function modelState(gl, canvas, caps, gpu, options, ownsContext) {
     gl, canvas, caps, gpu, options, ownsContext, queue: Promise.resolve(),
     disposed: false, released: false, busy: false, optimizer: { type: null, step: 0, buffered: false },
     stage: INPUTS.map((i) => stage(i.texture)), // the staging rows of each input's uploads (INPUTS' order)
-    labelStage: stage('labels'),
-    targetStage: stage('targets'),
+    // the staging rows of each output's labels and targets (outputs_multi.js: lossTexture)
+    lossStages: OUTPUTS.map((o, k) => ({ labels: stage(lossTexture('labels', k)), targets: stage(lossTexture('targets', k)) })),
     // texture name -> whether a sample packs as a plain copy (isPlainPacking)
-    plain: new Map([...INPUTS.map((i) => [i.texture, i.size]), ['targets', MODEL.outputSize]].map(([name, size]) => {
+    plain: new Map([...INPUTS.map((i) => [i.texture, i.size]), ...OUTPUTS.map((o, k) => [lossTexture('targets', k), o.size])].map(([name, size]) => {
       const spec = gpu.textures.get(name).spec;
       return [name, isPlainPacking(spec.packing, spec.sampleRows, size)];
     })),
@@ -253,6 +254,7 @@ function releaseContext(gl) {
 export const modelInfo = Object.freeze({
   name: MODEL.name, inputShape: MODEL.inputShape, outputShape: MODEL.outputShape, maxBatch: MODEL.maxBatch,
   parameters: MODEL.parameters, weights: WEIGHTS_LISTED.map((p) => ({ name: p.name, shape: p.shape })),
+  outputs: MODEL.outputs.map((o) => ({ name: o.name, shape: o.shape })),
   ...(MODEL.inputs ? { inputs: MODEL.inputs.map((i) => ({ name: i.name, shape: i.shape, dtype: i.dtype })) } : {}),
 });
 

@@ -36,12 +36,17 @@ const CREATE_MODEL_OPTIONS = {
   weights: { what: 'an ArrayBuffer or a URL', ok: (v) => v instanceof ArrayBuffer || v instanceof URL },
   memoryBudget: OPTION_TYPES.positiveInteger, // bytes: more planned (MODEL.memory) rejects with out-of-memory
 };
+// fit's and gradients' loss: one of the output's kinds; with several outputs, a kind for all of them or an object
+// of kinds keyed by output name (outputs_multi.js: resolveLosses checks each)
+const LOSS_OPTION = SCHEDULE.loss.length === 1 ? oneOf(...Object.keys(SCHEDULE.loss[0]))
+  : { what: 'a loss name or an object of them keyed by output name', ok: (v) => typeof v === 'string' || OPTION_TYPES.object.ok(v) };
 const FIT_OPTIONS = {
   batchSize: OPTION_TYPES.positiveInteger,
   epochs: OPTION_TYPES.positiveInteger,
   shuffle: OPTION_TYPES.boolean,
   seed: OPTION_TYPES.uint32,
-  loss: oneOf(...Object.keys(SCHEDULE.loss)),
+  loss: LOSS_OPTION,
+  lossWeights: OPTION_TYPES.object, // a model with several outputs: each output's weight (outputs_multi.js: resolveLosses)
   optimizer: OPTION_TYPES.object, // checked by OPTIMIZER_OPTIONS of its type
   onStep: OPTION_TYPES.function,
   trainable: OPTION_TYPES.strings, // names or fnmatch patterns of parameters the bundle trains (resolveTrainable)
@@ -52,7 +57,8 @@ const FIT_OPTIONS = {
 // fit's proximal term, mu / 2 * ||w - w_start||^2 over the parameters it trains (FedProx's; ops/optim.py)
 const PROXIMAL_OPTIONS = { mu: OPTION_TYPES.nonNegative };
 const GRADIENTS_OPTIONS = {
-  loss: oneOf(...Object.keys(SCHEDULE.loss)),
+  loss: LOSS_OPTION,
+  lossWeights: OPTION_TYPES.object,
 };
 const OPTIMIZER_TYPE = oneOf('sgd', 'adam', 'adamw');
 const OPTIMIZER_OPTIONS = {

@@ -7,12 +7,12 @@ function predictSamples(s, x, batch) {
   return soon(s, async () => {
     requireContext(s, 'predict');
     if (list) xs = await readImages(s.gpu, list);
-    const result = new Float32Array(batch * MODEL.outputSize);
+    const results = OUTPUTS.map((o) => new Float32Array(batch * o.size));
     for (let start = 0; start < batch; start += MODEL.maxBatch) {
       const count = Math.min(MODEL.maxBatch, batch - start);
-      await predictBatch(s, xs, start, count, result);
+      await predictBatch(s, xs, start, count, results);
     }
-    return result;
+    return predictResult(results); // (outputs_multi.js: the one output's array, or the outputs' keyed by name)
   }, () => {
     [list, batch] = sourcesBatch(x, batch);
     checkBatch(batch, 'batch');
@@ -20,20 +20,21 @@ function predictSamples(s, x, batch) {
   });
 }
 
-async function predictBatch(s, xs, start, batch, result) {
-  uploadBatch(s, xs, null, null, null, start, batch);
+async function predictBatch(s, xs, start, batch, results) {
+  uploadBatch(s, xs, null, null, start, batch);
   const r = s.gpu.runner;
   r.uniforms.u_batch = batch;
   r.run(r.forward);
-  const out = s.gpu.textures.get(MODEL.textures.output);
-  const rows = out.spec.sampleRows;
+  const recs = OUTPUTS.map((o) => s.gpu.textures.get(o.texture));
   const now = batch * MODEL.forwardMacs <= SYNC_READ_MACS;
-  const read = await s.gpu.read([out], () => batch * rows, now, 'call');
+  const read = await s.gpu.read(recs, (rec) => batch * rec.spec.sampleRows, now, 'call');
   if (!read) throw new TexelfitError('context-lost', 'the WebGL context was lost during predict');
-  const floats = rows * out.spec.width * 4;
-  for (let b = 0; b < batch; b++) {
-    unpackTexels(read[0].subarray(b * floats, (b + 1) * floats), out.spec.packing, rows, result, (start + b) * MODEL.outputSize);
-  }
+  OUTPUTS.forEach((o, k) => {
+    const out = recs[k], rows = out.spec.sampleRows, floats = rows * out.spec.width * 4;
+    for (let b = 0; b < batch; b++) {
+      unpackTexels(read[k].subarray(b * floats, (b + 1) * floats), out.spec.packing, rows, results[k], (start + b) * o.size);
+    }
+  });
 }
 
 // Model.gradients: of the mean loss over all samples of x, for every trainable parameter, changing
@@ -41,21 +42,21 @@ async function predictBatch(s, xs, start, batch, result) {
 function computeGradients(s, x, y, options) {
   let args;
   return serial(s, async () => {
-    const { xs, ys, loss, samples } = args;
+    const { xs, losses, samples } = args;
     requireContext(s, 'compute gradients');
     const params = MODEL.params.filter((p) => p.trainable); // a frozen parameter has no gradient
     const r = s.gpu.runner;
     const sizes = [...new Set([Math.min(samples, MODEL.maxBatch), samples % MODEL.maxBatch || MODEL.maxBatch])];
-    await r.prepare([r.forward, r.loss[loss], r.backward], sizes);
+    await r.prepare([r.forward, lossPasses(r, losses), r.backward], sizes);
     const recs = params.map((p) => s.gpu.textures.get('pgrad:' + p.name));
     let sum = null;
     for (let start = 0; start < samples; start += MODEL.maxBatch) {
       const batch = Math.min(MODEL.maxBatch, samples - start);
-      uploadBatch(s, xs, ys, loss, null, start, batch);
+      uploadBatch(s, xs, losses, null, start, batch);
       r.uniforms.u_batch = batch;
       r.uniforms.u_ring = 0;
       r.run(r.forward);
-      r.run(r.loss[loss]);
+      r.run(lossPasses(r, losses));
       r.run(r.backward);
       const data = await s.gpu.read(recs, undefined, false, 'call');
       if (!data) throw new TexelfitError('context-lost', 'the WebGL context was lost while computing gradients');
@@ -72,8 +73,7 @@ function computeGradients(s, x, y, options) {
   }, () => {
     requireTrainable('compute gradients');
     const o = checkOptions(options, GRADIENTS_OPTIONS, 'gradients options');
-    const loss = o.loss ?? MODEL.defaultLoss;
     const [xs, samples] = readX(x, 'x');
-    args = { xs, ys: checkY(y, samples, loss), loss, samples };
+    args = { xs, losses: resolveLosses(o, y, samples), samples };
   });
 }

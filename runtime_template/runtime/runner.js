@@ -45,7 +45,7 @@ function runsAt(p, batch, drawBuffers) {
 // SCHEDULE names a texture by its index in TEXTURES.
 function loadSchedule(runner, textures) {
   runner.uniforms = {
-    u_batch: 1, u_loss_scale: 1, u_ring: 0, u_lr: 0, u_momentum: 0, u_dampening: 0, u_nesterov: 0, u_first: 1, u_wd: 0, u_mu: 0,
+    u_batch: 1, u_loss_scale: 1, u_loss_weight: 1, u_ring: 0, u_lr: 0, u_momentum: 0, u_dampening: 0, u_nesterov: 0, u_first: 1, u_wd: 0, u_mu: 0,
     u_decoupled: 0, u_beta1: 0.9, u_beta2: 0.999, u_eps: 1e-8, u_step_size: 0, u_bc2_sqrt: 1,
     u_dropout: 0, u_dropseed: 0,
   };
@@ -57,10 +57,10 @@ function loadSchedule(runner, textures) {
   runner.head = runner.forward.slice(SCHEDULE.trunkPasses);
   runner.backward = resolve(SCHEDULE.backward);
   runner.trainBackward = SCHEDULE.trainBackward.map((i) => runner.backward[i]);
-  runner.loss = {};
+  // each output's loss passes by kind (outputs_multi.js: lossPasses)
+  runner.loss = SCHEDULE.loss.map((kinds) => Object.fromEntries(Object.entries(kinds).map(([k, v]) => [k, resolve(v)])));
   runner.optimizer = {};
   runner.swaps = {};
-  for (const [k, v] of Object.entries(SCHEDULE.loss)) runner.loss[k] = resolve(v);
   for (const [k, v] of Object.entries(SCHEDULE.optimizer)) {
     runner.optimizer[k] = resolve(v);
     runner.swaps[k] = SCHEDULE.swaps[k].map(tex);

@@ -62,10 +62,10 @@ function textureFormats(precision) {
   for (const spec of TEXTURES) {
     let f = precision === 'float32' ? 'f32' : 'rgba8';
     if (precision === 'float16' && (spec.role === 'activation' || spec.role === 'gradient') &&
-        spec.name !== MODEL.textures.output && !MODEL.textures.ints?.includes(spec.name)) f = 'f16';
+        !MODEL.outputs.some((o) => o.texture === spec.name) && !MODEL.textures.ints?.includes(spec.name)) f = 'f16';
     formats.set(spec.name, f);
   }
-  const lists = [SCHEDULE.forward, SCHEDULE.backward, ...Object.values(SCHEDULE.loss), ...Object.values(SCHEDULE.optimizer)];
+  const lists = [SCHEDULE.forward, SCHEDULE.backward, ...SCHEDULE.loss.flatMap(Object.values), ...Object.values(SCHEDULE.optimizer)];
   for (const list of lists) {
     for (const p of list) {
       const names = p.outputs.map((i) => TEXTURES[i].name);

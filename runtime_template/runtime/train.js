@@ -77,9 +77,10 @@ const LOSS_FEED_STEPS = 8;
 const LOSS_FEED_MS = 250;
 
 class LossFeed {
-  constructor(gpu, losses) {
+  constructor(gpu, losses, lossSpec) {
     this.gpu = gpu; // () => the device now (a restored context has a new one)
     this.losses = losses;
+    this.lossSpec = lossSpec; // each output's loss and weight (outputs_multi.js: resolveLosses): a step's is their weighted sum
     this.reported = 0; // losses [0, reported) were handed to onStep
     this.validFrom = 0; // the ring holds this fit's losses from this step on (a restore replays from a snapshot)
     this.issuedAt = 0;
@@ -101,9 +102,9 @@ class LossFeed {
     const generation = this.generation;
     this.issuedAt = step;
     const gpu = this.gpu();
-    this.inFlight = gpu.read([gpu.textures.get('loss')], undefined, false, 'loss').then((data) => {
+    this.inFlight = gpu.read(lossRings(gpu), undefined, false, 'loss').then((data) => {
       if (!data || generation !== this.generation) return;
-      for (let s = from; s < step; s++) if (this.losses[s] === undefined) this.losses[s] = data[0][4 * (s % ring)];
+      for (let s = from; s < step; s++) if (this.losses[s] === undefined) this.losses[s] = ringLoss(data, this.lossSpec, s);
       const now = performance.now();
       if (this.arrived && step > this.arrived.step) {
         const perStep = (now - this.arrived.time) / (step - this.arrived.step); // the GPU's ms a step, roughly

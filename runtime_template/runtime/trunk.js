@@ -24,7 +24,7 @@ async function computeTrunk(s, xs, samples) {
   const r = s.gpu.runner;
   for (let start = 0; start < samples; start += MODEL.maxBatch) {
     const count = Math.min(MODEL.maxBatch, samples - start);
-    uploadBatch(s, xs, null, null, null, start, count);
+    uploadBatch(s, xs, null, null, start, count);
     r.uniforms.u_batch = count;
     r.run(r.trunk);
     const read = await s.gpu.read([rec], () => count * rec.spec.sampleRows);
@@ -57,7 +57,7 @@ function trunkFeatures(s, x, batch) {
     const out = new Float32Array(batch * size);
     for (let start = 0; start < batch; start += MODEL.maxBatch) { // more than maxBatch: batch by batch
       const count = Math.min(MODEL.maxBatch, batch - start);
-      uploadBatch(s, xs, null, null, null, start, count);
+      uploadBatch(s, xs, null, null, start, count);
       r.uniforms.u_batch = count;
       r.run(r.trunk);
       const read = await s.gpu.read([rec], () => count * rows);
