@@ -179,6 +179,21 @@ def test_what_is_not_supported_is_named(module, message):
 LONG = 20  # steps: more readers of weight_hh than one pass reads (their gradients summed in groups first)
 
 
+@pytest.mark.parametrize("steps", [11, 12, 15, 16])
+def test_every_length_builds_its_optimizer_passes_within_the_texture_units(steps):
+    """A tied parameter's last gradient sum is computed in its optimizer's pass, beside the anchor, the parameter
+    and two moments: from 12 readers on (an LSTM of 12 to 16 steps, ALBERT-base's 12 layers) its readers are summed
+    in groups first, or that pass would read more textures than one binds (a build error, before)."""
+    torch.manual_seed(3)
+    # (the schedule refuses a pass of more than MAX_INPUTS textures: "its kernel 'adam grad_sum x12' reads 16")
+    compile_onnx(export_simplified(LastStep(), (steps, FEAT)), name="model", input_shape=(steps, FEAT), max_batch=4)
+
+
+def test_an_lstm_of_13_steps_trains_as_pytorch(web, site):
+    check_training(web, site, LastStep, (13, FEAT), "adam", "cross_entropy", samples=4, batch_size=2, epochs=1,
+                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS)
+
+
 @pytest.mark.parametrize("factory", [LastStep, GRUTagger], ids=["lstm_last_step", "gru_every_step"])
 def test_a_sequence_longer_than_a_pass_reads(web, site, factory):
     check_op(web, site, f"long_{factory.__name__}", perturbed(factory), (LONG, FEAT),

@@ -12,7 +12,7 @@ grad_sum   grad_sum        G0, G1, ... -> dT         rows: batch   (a tensor wit
 from __future__ import annotations
 
 from texelfit.prep.packing import ceil_div
-from texelfit.codegen.webgl2.blocking import sum_groups
+from texelfit.codegen.webgl2.blocking import GRAD_SUM_GROUP, PARAM_SUM_LAST, sum_groups
 
 from .. import kl
 from ..kernels import Kernel, Pass
@@ -92,10 +92,10 @@ def _grad_sum_kernel(terms: int) -> Kernel:
     return Kernel(f"grad_sum x{terms}", "kl", tuple(f"G{i}" for i in range(terms)), kl=_grad_sum_kl(terms))
 
 
-def _summed(terms: list[str], partial: str, out: str, rows: str, what: str) -> list[Pass]:
-    """`out` = the sum of the textures `terms`; with more than a pass reads (webgl2/blocking.py: sum_groups), groups
-    of them into f"{partial}{k}:" + what first, then those."""
-    groups = sum_groups(len(terms))
+def _summed(terms: list[str], partial: str, out: str, rows: str, what: str, last: int = GRAD_SUM_GROUP) -> list[Pass]:
+    """`out` = the sum of the textures `terms`; with more than its pass reads (`last`: webgl2/blocking.py: sum_groups),
+    groups of them into f"{partial}{k}:" + what first, then those."""
+    groups = sum_groups(len(terms), last)
     parts = [f"{partial}{k}:{what}" for k in range(len(groups))] or list(terms)
     first = [Pass(_grad_sum_kernel(len(g)), [terms[j] for j in g], [part], rows, f"partial sum of gradients of {what}")
              for g, part in zip(groups, parts)]
@@ -105,7 +105,8 @@ def _summed(terms: list[str], partial: str, out: str, rows: str, what: str) -> l
 def param_grad_sum(param: str, readers: int) -> list[Pass]:
     """pgrad:P = pgrad0:P + pgrad1:P + ...: the gradient of a parameter several layers read (schedule.py), in groups
     into pgradsum{k}:P first where there are more readers than a pass reads."""
-    return _summed([f"pgrad{j}:{param}" for j in range(readers)], "pgradsum", "pgrad:" + param, "full", param)
+    return _summed([f"pgrad{j}:{param}" for j in range(readers)], "pgradsum", "pgrad:" + param, "full", param,
+                   PARAM_SUM_LAST)  # (its optimizer's pass computes the last sum, beside the state it reads)
 
 
 def grad_sum(tensor, contributions, plan) -> list[Pass]:

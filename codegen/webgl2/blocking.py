@@ -142,15 +142,19 @@ def split_k(layer, graph: Graph) -> int:
     return parts if parts >= SPLIT_MIN_PARTS else 0
 
 
-# The gradients one pass of a tied parameter's sum reads (schedule.py: MAX_INPUTS, the texture units a pass may
-# bind): with more readers (the steps of an unrolled recurrent layer, prep/recurrent.py), groups of them are
-# summed into pgradsum{k}:P first, and those into pgrad:P.
+# The gradients one pass of a sum reads (schedule.py: MAX_INPUTS, the texture units a pass may bind): with more
+# terms (the steps of an unrolled recurrent layer, prep/recurrent.py), groups of them are summed into pgradsum{k}:P
+# (gradsum{k}:T) first, and those into pgrad:P (grad:T). A tied parameter's last sum is computed in its optimizer's
+# pass (ops/optim.py), which reads the anchor, the parameter and two moments beside it: that sum reads at most
+# PARAM_SUM_LAST, so that ALBERT-base's 12 layers and a 16-step LSTM read no more than 15 textures in that pass.
 GRAD_SUM_GROUP = 15
+PARAM_SUM_LAST = GRAD_SUM_GROUP - 4
 
 
-def sum_groups(readers: int) -> list[range]:
-    """The groups of a tied parameter's readers whose gradients are summed apart first: none where one pass
-    reads them all."""
-    if readers <= GRAD_SUM_GROUP:
+def sum_groups(terms: int, last: int = GRAD_SUM_GROUP) -> list[range]:
+    """The groups of terms summed apart first: none where one pass, reading at most `last`, reads them all."""
+    if terms <= last:
         return []
-    return [range(j, min(j + GRAD_SUM_GROUP, readers)) for j in range(0, readers, GRAD_SUM_GROUP)]
+    groups = [range(j, min(j + GRAD_SUM_GROUP, terms)) for j in range(0, terms, GRAD_SUM_GROUP)]
+    assert len(groups) <= last, f"{terms} gradients to sum: more than two rounds of partial sums"
+    return groups

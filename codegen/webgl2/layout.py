@@ -74,8 +74,8 @@ import numpy as np
 from texelfit.prep.elementwise import passes_gradient
 from texelfit.prep.ir import ELEMENTWISE, WEIGHTED, Graph, operands
 from texelfit.prep.ops import opdef
-from .blocking import (COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, SAMPLE_BLOCK, blocked_fold, column_blocked, column_only,
-                       sample_blocked, split_k, sum_groups, weight_grad_blocked)
+from .blocking import (COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, PARAM_SUM_LAST, SAMPLE_BLOCK, blocked_fold, column_blocked,
+                       column_only, sample_blocked, split_k, sum_groups, weight_grad_blocked)
 from texelfit.prep.packing import (Packing, activation_packing, ceil_div, chw, conv_weight_packing, conv_weight_shape,  # noqa: F401
                       matrix_packing, pack, samples_last_packing, unpack)
 
@@ -372,7 +372,7 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
         if len(readers) > 1:  # a tied parameter: each reader's gradient apart, then their sum (pgrad:)
             param_grad_parts[p.name] = readers
             for part in [f"pgrad{j}" for j in range(len(readers))] + \
-                    [f"pgradsum{k}" for k in range(len(sum_groups(len(readers))))]:  # (partial sums: more than a pass reads)
+                    [f"pgradsum{k}" for k in range(len(sum_groups(len(readers), PARAM_SUM_LAST)))]:  # (partial sums: more than a pass reads)
                 add(TextureSpec(f"{part}:{p.name}", "param_grad", tuple(p.array.shape), packing, height))
         if role == "weight" and weight_grad_blocked(layer, graph, max_batch):
             # its gradient is blocked too: rows 8*r + t of dW in row r of blk{t}
