@@ -180,6 +180,11 @@ UNARY = {e.name: e for e in [
     Elementwise("silu", None, X * sigmoid(X), (sigmoid(X) * (1.0 + X * (1.0 - sigmoid(X))),)),
     # Where(Equal(x, value), fill, other) of constants (masked_fill: a bool attention mask made additive,
     # prep/graph.py recognises it); no gradient reaches x. An infinite fill is taken as the largest float
+    # Where(IsNaN(x), fill, x) of a constant fill (torch's scaled_dot_product_attention export: a row of scores all
+    # masked gives 0 attention, not NaN): x, or fill where x is NaN (neither < 0 nor >= 0); its gradient 1 where
+    # x is a number, else 0
+    Elementwise("nan_to", None, where(X < 0.0, X, where(X >= 0.0, X, attr("fill"))),
+                (where(X < 0.0, 1.0, where(X >= 0.0, 1.0, 0.0)),), {"fill": 0.0}),
     Elementwise("select_eq", None,
                 where(X > attr("value"), attr("other"), where(X < attr("value"), attr("other"), attr("fill"))),
                 (const(0.0),), {"value": 0.0, "fill": 0.0, "other": 0.0}),

@@ -99,6 +99,7 @@ def to_ir(model, input_shape=None, input_dtype=None, trains=None) -> Graph:
             if node.op_type not in REGISTRY.ops:  # (no rule: what _check_supported says of it)
                 _refuse({node.op_type: [node.name or "(unnamed)"]})
             raise BuildError(f"{where(node)}: cannot be converted here (its inputs are not supported)")
+        cx.keep_integers(node)
 
     alias, lazy, twin_2d, act, layers, params = cx.alias, cx.lazy, cx.twin_2d, cx.act, cx.layers, cx.params
     meta = cx.meta

@@ -1,5 +1,6 @@
 """Hugging Face text classifiers as people load them (issue 32): `AutoModelForSequenceClassification` of BERT,
-ELECTRA, DistilBERT and ALBERT (its layers sharing one layer's parameters) from small random-init configs (no download), exported as they are and called
+ELECTRA, DistilBERT and ALBERT (its layers sharing one layer's parameters), and T5's encoder with a head, from small
+random-init configs (no download), exported as they are and called
 (input_ids, attention_mask[, token_type_ids]). transformers 5 builds their padding masks with vmapped functions
 (Range over the batch, And, a Cast to bool, a GatherElements of token-type ids): prep/lower_masks.py and the
 import rules cast_bool and where_boolean take them (the batch never moves).
@@ -30,6 +31,10 @@ FAMILIES = {
         embedding_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)),
     "distilbert": (tf.DistilBertForSequenceClassification, tf.DistilBertConfig, dict(
         dim=16, n_layers=2, n_heads=2, hidden_dim=24)),
+    # position ids computed from the ids (a cumulative sum of ids != padding, times it, plus the padding id): an
+    # embedding of computed integers (prep/onnx_import/ctx.py: keep_integers); token types a zeros buffer read there
+    "roberta": (tf.RobertaForSequenceClassification, tf.RobertaConfig, dict(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)),
     # every layer reads one layer's parameters (cross-layer sharing): each trains on the sum of its readers'
     # gradients (prep/graph.py: untie_unsupported keeps such ties)
     "albert": (tf.AlbertForSequenceClassification, tf.AlbertConfig, dict(
@@ -112,6 +117,26 @@ def test_bert_on_the_cpu_backend_and_in_rgba8(web, site, backend):
     check_forward_and_gradients(web, site, "bert", backend)
 
 
+@pytest.mark.parametrize("backend", ["webgl", "cpu", "rgba8"])
+def test_robertas_position_ids_count_the_tokens_that_are_not_padding(web, site, backend):
+    """Padded rows hold the padding id (1) where the mask is 0, and the ids hold it mid-row too: those positions
+    read the table's row 1, the others 2, 3, ... counting only the tokens that are not padding."""
+    model = classifier("roberta")
+    x, y = data(4, 6)
+    ids, mask = x["input_ids"], x["attention_mask"]
+    ids[mask == 0] = model.config.pad_token_id
+    ids[0, 3] = ids[2, 0] = model.config.pad_token_id
+    url = build(site, f"hf_roberta_pads_{backend}", model)
+    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": 4}, BACKENDS[backend])
+    model.zero_grad()
+    out = model(**x).logits
+    F.cross_entropy(out, y).backward()
+    assert_close("roberta forward", got["out"], out.detach().numpy(), **FWD)
+    named = dict(model.named_parameters())
+    for name, p in named.items():
+        assert_close(f"roberta d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+
+
 def test_bert_with_token_types_as_a_third_input(web, site):
     check_forward_and_gradients(web, site, "bert", "webgl", types=True)
 
@@ -124,7 +149,7 @@ FIT = """
 """
 
 
-@pytest.mark.parametrize("family", ["bert", "distilbert"])
+@pytest.mark.parametrize("family", ["bert", "distilbert", "roberta"])
 def test_sgd_steps_from_a_fresh_init_are_pytorchs(web, site, family):
     """Three SGD steps (momentum, weight decay) from the family's own init (zero biases, unit LayerNorm weights),
     dropout off (the exported dropout modules would apply it in fit, as model.train() does). Not Adam: the key
@@ -145,7 +170,8 @@ def check_sgd_steps(web, url, family, model, x, y):
     losses = []
     for s in range(0, len(y), 3):
         opt.zero_grad()
-        loss = F.cross_entropy(model(**{k: v[s:s + 3] for k, v in x.items()}).logits, y[s:s + 3])
+        out = model(**{k: v[s:s + 3] for k, v in x.items()})
+        loss = F.cross_entropy(getattr(out, "logits", out), y[s:s + 3])
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -191,6 +217,67 @@ def test_albert_trains_its_shared_layer_as_one_tensor(web, site):
     assert sorted(result.report["trainable"]) == sorted(named)
     assert any(len(r) == 3 for r in result.report["trainable_set"]["tied"].values())
     check_sgd_steps(web, f"{site.add_files('hf_albert_fit', result.files)}/model.js", "albert", model, x, y)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_the_default_attention_builds_too(web, site, family):
+    """transformers' default attention ("sdpa") exports as torch's scaled_dot_product_attention: the mask a Where of
+    -inf, and the softmax's NaN (a row of keys all masked) put to 0 by Where(IsNaN(p), 0, p), which is nan_to."""
+    cls, config, sizes = FAMILIES[family]
+    torch.manual_seed(0)
+    model = cls(config(**{k: v for k, v in SMALL.items() if k != "attn_implementation"}, **sizes)).eval()
+    assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    x, y = data(4, 8)
+    url = build(site, f"hf_sdpa_{family}", model)
+    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": 4})
+    model.zero_grad()
+    out = model(**x).logits
+    F.cross_entropy(out, y).backward()
+    assert_close(f"{family} (sdpa) forward", got["out"], out.detach().numpy(), **FWD)
+    for name, p in model.named_parameters():
+        assert_close(f"{family} (sdpa) d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+
+
+class T5Classifier(torch.nn.Module):
+    """T5's encoder as loaded (`T5EncoderModel`: relative-position buckets, a bias table shared by the layers and
+    added to the padding mask, RMS norms) with a head on the first token, as a user puts one on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.t5 = tf.T5EncoderModel(tf.T5Config(vocab_size=V, d_model=16, d_kv=8, d_ff=24, num_layers=2, num_heads=2,
+                                                relative_attention_num_buckets=8, attn_implementation="eager"))
+        self.head = torch.nn.Linear(16, LABELS)
+
+    def forward(self, input_ids, attention_mask):
+        return self.head(self.t5(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, 0])
+
+
+def test_t5s_encoder_gives_pytorchs_outputs_gradients_and_steps(web, site):
+    """Forward and every gradient (the relative-position table's included) of the perturbed model, then SGD steps
+    from T5's own init."""
+    torch.manual_seed(0)
+    model = T5Classifier().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    x, y = data(4, 1)
+    url = build(site, "hf_t5", model)
+    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": 4})
+    model.zero_grad()
+    out = model(**x)
+    F.cross_entropy(out, y).backward()
+    assert_close("t5 forward", got["out"], out.detach().numpy(), **FWD)
+    named = dict(model.named_parameters())
+    assert sorted(got["trainable"]) == sorted(named) and sorted(got["grads"]) == sorted(named)
+    for name, p in named.items():
+        assert_close(f"t5 d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+    torch.manual_seed(1)
+    fresh = T5Classifier().eval()
+    x, y = data(6, 2)
+    check_sgd_steps(web, build(site, "hf_t5_fit", fresh), "t5", fresh, x, y)
 
 
 def bert_classifier():

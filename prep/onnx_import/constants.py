@@ -57,11 +57,29 @@ def expand_activation(cx, s) -> bool:
 def batch_constant(cx, s) -> bool:
     """One constant sample repeated over the batch (to [N, ...]): only Concat takes it."""
     op, ins = s.op, s.ins
-    if onnx_shape.batch_shape(cx.consts.get(ins[-1])) is None:
+    if onnx_shape.batch_shape(cx.consts.get(ins[-1])) is None or any(i not in cx.consts for i in ins):
         return False
     cx.batch_consts[s.out] = onnx_shape.batch_constant(where(s.node), op, s.a, [cx.consts[i] for i in ins])
     if op == "Expand" and ins[0] in cx.trainable_names:  # a parameter repeated over the batch: a class token
         cx.expanded_params[s.out] = ins[0]
+    return True
+
+
+@imports("GatherElements", "Expand")
+def uniform_batch_constant(cx, s) -> bool:
+    """A gather of one value, however computed its indices (RoBERTa's token types, a buffer of zeros read at the
+    position ids), or that one value expanded: a batch of that value, in the indices' (the target's) shape."""
+    ins = s.ins
+    value = _one_constant(cx, ins[0])
+    if value is None:
+        return False
+    if s.op == "GatherElements" and ins[1] not in cx.consts and ins[1] not in cx.batch_consts:
+        shape = cx.shapes[cx.act(ins[1])]
+    elif s.op == "Expand" and ins[0] in cx.batch_consts and onnx_shape.batch_shape(cx.consts.get(ins[1])) is not None:
+        shape = tuple(onnx_shape.batch_shape(cx.consts[ins[1]]))
+    else:
+        return False
+    cx.batch_consts[s.out] = np.full(shape, value, dtype=np.asarray(cx.batch_consts.get(ins[0], cx.consts.get(ins[0]))).dtype)
     return True
 
 
@@ -202,6 +220,30 @@ def where_boolean(cx, s) -> bool:
     if None in picked:
         return False
     return _select_eq(cx, s.node, cx.act(ins[0]), s.out, 1.0, picked)
+
+
+@imports("IsNaN")
+def is_nan(cx, s) -> bool:
+    """IsNaN of an activation: only a Where that puts a constant where it is NaN reads it (where_nan)."""
+    if s.ins[0] in cx.consts:
+        return False
+    cx.nans[s.out] = s.ins[0]
+    return True
+
+
+@imports("Where")
+def where_nan(cx, s) -> bool:
+    """Where(IsNaN(x), c, x): x with the constant c where it is NaN (nan_to, prep/elementwise.py)."""
+    ins = s.ins
+    if ins[0] not in cx.nans:
+        return False
+    fill = _one_constant(cx, ins[1])
+    if ins[2] != cx.nans[ins[0]] or fill is None:
+        raise BuildError(f"{where(s.node)}: a Where of IsNaN is supported as Where(IsNaN(x), constant, x)")
+    x = cx.act(ins[2])
+    cx.layers.append(Layer("nan_to", s.node.name, [x], [s.out], {"fill": fill}))
+    cx.shapes[s.out] = cx.shapes[x]
+    return True
 
 
 @imports(*SHAPE_ONLY)

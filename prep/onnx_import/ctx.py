@@ -27,6 +27,12 @@ class Step:
     out: str | None
 
 
+# ops that keep integers integers (Importer.keep_integers): op -> how many of its inputs are values (the others
+# being shapes, axes, indices)
+_KEEPS_INTEGERS = {"Add": 2, "Sub": 2, "Mul": 2, "Neg": 1, "Identity": 1, "Slice": 1, "Pad": 2, "Concat": 1 << 30,
+                   "Reshape": 1, "Transpose": 1, "Squeeze": 1, "Unsqueeze": 1, "Flatten": 1, "Expand": 1}
+
+
 class Importer:
     """What the import rules share: the tensors known so far and the layers made from them."""
 
@@ -65,6 +71,7 @@ class Importer:
         self.lazy: dict[str, ba.Lazy] = {}
         self.forms: dict[tuple[str, str], tuple] = {}
         self.equals: dict[str, tuple[str, float]] = {}  # Equal(activation, constant) -> (its IR tensor, the constant)
+        self.nans: dict[str, str] = {}  # IsNaN(activation) -> the activation's ONNX name (constants.where_nan)
         # tensors that are a parameter itself in another shape (a reshape, or a slice that keeps all of it; onnxsim
         # no longer folds them, prep.load): ONNX name -> the parameter's, which its readers read instead
         self.param_views: dict[str, str] = {}
@@ -84,6 +91,11 @@ class Importer:
     def act(self, name):  # an activation tensor (not a constant), following aliases
         alias, shapes = self.alias, self.shapes
         name = alias.get(name, name)
+        if name in self.equals and name not in shapes:  # a comparison read as a value: 1 where equal, else 0
+            x, value = self.equals[name]
+            self.layers.append(Layer("select_eq", f"{name}:as_value", [x], [name], {"value": value, "fill": 1.0, "other": 0.0}))
+            shapes[name] = shapes[x]
+            self.integer.add(name)
         if name in self.lazy:  # the batch first again: one gather
             return self.materialise(name, "canonical", f"tensor {name!r} read by an op")[0]
         if name in self.twin_2d and name not in shapes:
@@ -98,6 +110,18 @@ class Importer:
                 if name in self.table_views else "not an activation the IR knows"
             raise BuildError(f"tensor {name!r} is {what}")
         return name
+
+    def keep_integers(self, node) -> None:
+        """Mark node's output as integers (cx.integer) where its op keeps exact integers integers: arithmetic and
+        moves of integer activations and integer constants (RoBERTa's position ids: a cumulative sum of a mask of
+        the ids, times it, plus the padding id, which an embedding then reads)."""
+        if node.op_type not in _KEEPS_INTEGERS or not node.output or node.output[0] in self.consts:
+            return
+        acts = [t for t in node.input[:_KEEPS_INTEGERS[node.op_type]] if t and t not in self.consts]
+        consts = [self.consts[t] for t in node.input[:_KEEPS_INTEGERS[node.op_type]] if t in self.consts]
+        if acts and all(self.alias.get(t, t) in self.integer for t in acts) and all(
+                not isinstance(c, list) and np.all(np.abs(c) < 2 ** 24) and np.array_equal(c, np.round(c)) for c in consts):
+            self.integer.add(node.output[0])
 
     def gather(self, node, out, parts, tensors, name=None, params=None):
         """A gather layer (prep/shape.py) of `parts` ({input: slot, const, ops}, or a parameter's {param: role,
