@@ -142,7 +142,9 @@ def test_shipped_runtime_is_compact(factory, shape):
     ELEMENTWISE table they read go: 37,439 bytes (0.6% over issue 31's start, 37,228), and the budget back to 37,500;
     several outputs (issue 32: fit, gradients, predict and the loss feed over each output's loss passes, textures and
     ring; the one-output bundle takes outputs_single.js, 0.5 KB smaller than outputs_multi.js) +142 bytes (37,439 ->
-    37,581): the budget is raised by that, to 37,600.
+    37,581): the budget is raised by that, to 37,600; the float16 tier's saturating writes (OUT_WRITE, one macro
+    for the RGBA8 and half-float outputs of every kernel: transformers' masks were NaN in that tier) +44 bytes
+    (37,625): the budget is 37,650.
     The opening comment and each shader's kernel-name line stay."""
     import gzip
 
@@ -153,7 +155,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_600
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_650
 
 
 def test_compact_js_keeps_strings_and_template_literals():

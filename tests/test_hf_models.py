@@ -12,6 +12,7 @@ file by its user.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -115,6 +116,28 @@ def test_a_classifier_as_loaded_gives_pytorchs_outputs_and_gradients(web, site, 
 @pytest.mark.parametrize("backend", ["cpu", "rgba8"])
 def test_bert_on_the_cpu_backend_and_in_rgba8(web, site, backend):
     check_forward_and_gradients(web, site, "bert", backend)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_padded_rows_in_the_float16_tier(web, site, family):
+    """transformers' additive mask is float32's lowest, which a half float cannot hold: the float16 tier's writes
+    saturate (prelude.glsl.j2: OUT_F16) so it is -65504 there, and the padded rows are numbers (before: NaN), within
+    the tier's tolerances (test_tiers.py)."""
+    from test_tiers import F16_FWD, F16_GRAD
+
+    model = classifier(family)
+    x, y = data(4, 6)
+    url = build(site, f"hf_f16_{family}", model)
+    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": 4}, {"precision": "float16"})
+    model.zero_grad()
+    out = model(**x).logits
+    F.cross_entropy(out, y).backward()
+    assert_close(f"{family} (float16) forward", got["out"], out.detach().numpy(), **F16_FWD)
+    for name, p in model.named_parameters():
+        if name.endswith("attention.self.key.bias"):  # (0 in exact arithmetic: the softmax cancels it; both sides
+            assert np.linalg.norm(got["grads"][name]) < 1e-4  # hold rounding noise, half floats' larger)
+            continue
+        assert_close(f"{family} (float16) d/d{name}", got["grads"][name], p.grad.numpy(), **F16_GRAD)
 
 
 @pytest.mark.parametrize("backend", ["webgl", "cpu", "rgba8"])

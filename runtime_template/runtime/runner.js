@@ -3,7 +3,7 @@
 // uniform locations are all resolved once (programs when first needed, see prepare).
 
 // The #defines that map a pass's textures through their fold and format (prelude.glsl.j2): for
-// input NAME the macro FETCH_NAME(row, col4); for the output OUT_TILED or OUT_RGBA8 and its sizes.
+// input NAME the macro FETCH_NAME(row, col4); for the output OUT_TILED or OUT_RGBA8 and its sizes, and OUT_F16.
 function inputDefines(name, rec) {
   const how = rec.format === 'rgba8' ? 'fetchRgba8' : rec.tiled ? 'fetchTiled' : '';
   if (!how) return `#define FETCH_${name}(r, c) texelFetch(${name}, ivec2(c, r), 0)\n`;
@@ -11,8 +11,9 @@ function inputDefines(name, rec) {
 }
 
 function outputDefines(rec) {
-  if (rec.format !== 'rgba8' && !rec.tiled) return '';
-  return `#define OUT_${rec.format === 'rgba8' ? 'RGBA8' : 'TILED'} 1\n` +
+  const f16 = rec.format === 'f16' ? '#define OUT_F16 1\n' : ''; // (prelude.glsl.j2: writes saturate)
+  if (rec.format !== 'rgba8' && !rec.tiled) return f16;
+  return f16 + `#define OUT_${rec.format === 'rgba8' ? 'RGBA8' : 'TILED'} 1\n` +
     `#define OUT_WL ${rec.spec.width}\n#define OUT_PW ${rec.pw}\n#define OUT_HL ${rec.spec.height}\n`;
 }
 
