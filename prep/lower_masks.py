@@ -12,7 +12,8 @@ That is the mask itself, per sample, at the keys: Reshape(mask, [-1, 1, 1, T, 1]
 indices, a Gather of them along the sample's axis), which the build supports; the batch never moves. Then
 And/Not combine booleans, which are 1 or 0 here (prep/onnx_import/constants.py: cast_bool): And(a, b) = a * b,
 Or(a, b) = a + b - a * b, Not(a) = 1 - a; a Where of the result between 0 and float32's lowest is the additive
-mask eager attention adds (where_boolean).
+mask eager attention adds (where_boolean). A Where that masks an activation so, into the scores (sdpa's attn_mask of
+T5's position bias), is that activation plus the additive mask (_where_masked).
 """
 from __future__ import annotations
 
@@ -116,3 +117,31 @@ def _range(node, ctx: LowerCtx) -> list:
 
 
 LOWERINGS["Range"] = _range
+
+
+def _where_masked(node, ctx: LowerCtx) -> list:
+    """Where(c, x, k) of an activation x and a constant k of float32's lowest or -inf, read only by Adds of scores into
+    a Softmax: each Add(s, Where(c, x, k)) becomes (s + x) + Where(c, 0, k). torch's scaled_dot_product_attention
+    takes T5's relative-position bias masked so (its attn_mask); as a sum, the bias is added to the scores, which the
+    build takes (a table view added to attention's scores), and the mask after. The same values (where c is false
+    both are k), and the same gradients: there the softmax's probability is 0, so the gradient reaching x is 0
+    either way."""
+    c, x, k = node.input
+    low = ctx.const(k)
+    if ctx.const(x) is not None or ctx.const(c) is not None or low is None or np.size(low) != 1 or \
+            not float(np.asarray(low).reshape(-1)[0]) <= -3.4e38:
+        return [node]
+    adds = ctx.users(node.output[0])
+    if not adds or any(a is None or a.op_type != "Add" or not ctx.users(a.output[0]) or
+                       any(u is None or u.op_type != "Softmax" for u in ctx.users(a.output[0])) for a in adds):
+        return [node]
+    zero = ctx.initializer(f"{node.name or 'Where'}/zero", np.zeros((), np.asarray(low).dtype))
+    mask = ctx.node(node, "Where", [c, zero, k])
+    for a in adds:
+        scores = next(t for t in a.input if t != node.output[0])
+        biased = ctx.node(a, "Add", [scores, x])
+        ctx.replace(a, [biased, ctx.node(a, "Add", [biased.output[0], mask.output[0]], a.output[0])])
+    return [mask]
+
+
+LOWERINGS["Where"] = _where_masked
