@@ -50,10 +50,14 @@ def classifier(family: str, perturbed: bool = True):
     cls, config, sizes = FAMILIES[family]
     torch.manual_seed(0)
     model = cls(config(**SMALL, **sizes)).eval()
-    if perturbed:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.2 * torch.randn_like(p))
+    return perturb(model) if perturbed else model
+
+
+def perturb(model):
+    """Every parameter moved off its init (seeded by the caller)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
     return model
 
 
@@ -95,17 +99,26 @@ OP = """
 def check_forward_and_gradients(web, site, family, backend, *, types=False, batch=4):
     model = classifier(family)
     x, y = data(batch, 1, types)
-    url = build(site, f"hf_{family}_{backend}_{types}", model, tuple(x))
-    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": batch}, BACKENDS[backend])
+    compare(web, build(site, f"hf_{family}_{backend}_{types}", model, tuple(x)), model, x, y, family, BACKENDS[backend])
+
+
+def compare(web, url, model, x, y, what, options=None, tol=(FWD, GRAD), noise=()):
+    """predict and every gradient in the page against PyTorch's (cross_entropy of the logits), every parameter
+    training under its state_dict name. `noise`: parameters whose gradient is 0 in exact arithmetic (an attention
+    key's bias: the softmax cancels it), both sides holding rounding noise: small, not compared."""
+    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": len(y)}, options)
     model.zero_grad()
-    out = model(**x).logits
-    F.cross_entropy(out, y).backward()
-    assert_close(f"{family} forward", got["out"], out.detach().numpy(), **FWD)
+    out = model(**x)
+    F.cross_entropy(getattr(out, "logits", out), y).backward()
+    assert_close(f"{what} forward", got["out"], getattr(out, "logits", out).detach().numpy(), **tol[0])
     named = dict(model.named_parameters())
     assert sorted(got["trainable"]) == sorted(named)  # every parameter trains, under its state_dict name
     assert sorted(got["grads"]) == sorted(named)
     for name, p in named.items():
-        assert_close(f"{family} d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+        if name.endswith(noise):
+            assert np.linalg.norm(got["grads"][name]) < 1e-4
+            continue
+        assert_close(f"{what} d/d{name}", got["grads"][name], p.grad.numpy(), **tol[1])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -127,17 +140,8 @@ def test_padded_rows_in_the_float16_tier(web, site, family):
 
     model = classifier(family)
     x, y = data(4, 6)
-    url = build(site, f"hf_f16_{family}", model)
-    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": 4}, {"precision": "float16"})
-    model.zero_grad()
-    out = model(**x).logits
-    F.cross_entropy(out, y).backward()
-    assert_close(f"{family} (float16) forward", got["out"], out.detach().numpy(), **F16_FWD)
-    for name, p in model.named_parameters():
-        if name.endswith("attention.self.key.bias"):  # (0 in exact arithmetic: the softmax cancels it; both sides
-            assert np.linalg.norm(got["grads"][name]) < 1e-4  # hold rounding noise, half floats' larger)
-            continue
-        assert_close(f"{family} (float16) d/d{name}", got["grads"][name], p.grad.numpy(), **F16_GRAD)
+    compare(web, build(site, f"hf_f16_{family}", model), model, x, y, f"{family} (float16)", {"precision": "float16"},
+            (F16_FWD, F16_GRAD), noise=("attention.self.key.bias",))
 
 
 @pytest.mark.parametrize("backend", ["webgl", "cpu", "rgba8"])
@@ -149,15 +153,7 @@ def test_robertas_position_ids_count_the_tokens_that_are_not_padding(web, site, 
     ids, mask = x["input_ids"], x["attention_mask"]
     ids[mask == 0] = model.config.pad_token_id
     ids[0, 3] = ids[2, 0] = model.config.pad_token_id
-    url = build(site, f"hf_roberta_pads_{backend}", model)
-    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": 4}, BACKENDS[backend])
-    model.zero_grad()
-    out = model(**x).logits
-    F.cross_entropy(out, y).backward()
-    assert_close("roberta forward", got["out"], out.detach().numpy(), **FWD)
-    named = dict(model.named_parameters())
-    for name, p in named.items():
-        assert_close(f"roberta d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+    compare(web, build(site, f"hf_roberta_pads_{backend}", model), model, x, y, "roberta", BACKENDS[backend])
 
 
 def test_bert_with_token_types_as_a_third_input(web, site):
@@ -215,16 +211,7 @@ def test_bert_exported_to_onnx_by_its_user_builds(web, site, tmp_path):
                       dynamic_axes={"input_ids": {0: "n"}, "attention_mask": {0: "n"}, "logits": {0: "n"}})
     torch.save(model.state_dict(), weights)
     result = compile_onnx(load_onnx(path, weights=weights), name="model", input_shape=[(T,), (T,)], max_batch=8)
-    url = f"{site.add_files('hf_onnx_file', result.files)}/model.js"
-    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": 4})
-    model.zero_grad()
-    out = model(**x).logits
-    F.cross_entropy(out, y).backward()
-    assert_close("bert.onnx forward", got["out"], out.detach().numpy(), **FWD)
-    named = dict(model.named_parameters())
-    assert sorted(got["grads"]) == sorted(named)
-    for name, p in named.items():
-        assert_close(f"bert.onnx d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+    compare(web, f"{site.add_files('hf_onnx_file', result.files)}/model.js", model, x, y, "bert.onnx")
 
 
 def test_albert_trains_its_shared_layer_as_one_tensor(web, site):
@@ -248,20 +235,10 @@ def test_the_default_attention_builds_too(web, site, family):
     -inf, and the softmax's NaN (a row of keys all masked) put to 0 by Where(IsNaN(p), 0, p), which is nan_to."""
     cls, config, sizes = FAMILIES[family]
     torch.manual_seed(0)
-    model = cls(config(**{k: v for k, v in SMALL.items() if k != "attn_implementation"}, **sizes)).eval()
+    model = perturb(cls(config(**{k: v for k, v in SMALL.items() if k != "attn_implementation"}, **sizes)).eval())
     assert model.config._attn_implementation == "sdpa"
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn_like(p))
     x, y = data(4, 8)
-    url = build(site, f"hf_sdpa_{family}", model)
-    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": 4})
-    model.zero_grad()
-    out = model(**x).logits
-    F.cross_entropy(out, y).backward()
-    assert_close(f"{family} (sdpa) forward", got["out"], out.detach().numpy(), **FWD)
-    for name, p in model.named_parameters():
-        assert_close(f"{family} (sdpa) d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+    compare(web, build(site, f"hf_sdpa_{family}", model), model, x, y, f"{family} (sdpa)")
 
 
 class T5Classifier(torch.nn.Module):
@@ -284,21 +261,9 @@ def test_t5s_encoder_gives_pytorchs_outputs_gradients_and_steps(web, site, atten
     from T5's own init. With sdpa, the bias reaches the scores masked by a Where of -inf (prep/lower_masks.py:
     _where_masked)."""
     torch.manual_seed(0)
-    model = T5Classifier(attention).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn_like(p))
+    model = perturb(T5Classifier(attention).eval())
     x, y = data(4, 1)
-    url = build(site, f"hf_t5_{attention}", model)
-    got = run_model(web, url, OP, {"x": js_inputs(x), "y": y.tolist(), "batch": 4})
-    model.zero_grad()
-    out = model(**x)
-    F.cross_entropy(out, y).backward()
-    assert_close("t5 forward", got["out"], out.detach().numpy(), **FWD)
-    named = dict(model.named_parameters())
-    assert sorted(got["trainable"]) == sorted(named) and sorted(got["grads"]) == sorted(named)
-    for name, p in named.items():
-        assert_close(f"t5 d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
+    compare(web, build(site, f"hf_t5_{attention}", model), model, x, y, f"t5 ({attention})")
     torch.manual_seed(1)
     fresh = T5Classifier(attention).eval()
     x, y = data(6, 2)

@@ -62,28 +62,35 @@ def test_worker_project_typechecks(bundle):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_a_multi_input_bundle_types_its_inputs_by_name(tmp_path):
+def check_keyed_types(folder: str, onnx_model, shapes, project: str, cut: str, missing: str):
+    """The bundle built into dist/FOLDER type-checks tests/typecheck/PROJECT.ts (its tsconfig.PROJECT.json), and the
+    same usage with `cut` taken out of it does not: tsc says `missing` is missing."""
+    out = os.path.join(ROOT, "dist", folder)
+    shutil.rmtree(out, ignore_errors=True)
+    write_files(out, compile_onnx(onnx_model, name="model", input_shape=shapes).files)
+    config = os.path.join(ROOT, "tests", "typecheck", f"tsconfig.{project}.json")
+    r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    usage = os.path.join(ROOT, "tests", "typecheck", f"{project}.ts")
+    original = open(usage).read()
+    try:
+        with open(usage, "w") as f:
+            f.write(original.replace(cut, " }"))
+        r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        with open(usage, "w") as f:
+            f.write(original)
+    assert r.returncode != 0 and f"{missing} is missing" in r.stdout, r.stdout
+
+
+def test_a_multi_input_bundle_types_its_inputs_by_name():
     """build --inputs: predict, fit and gradients take `Inputs`, an object with one array per input name;
     an object missing an input does not type-check."""
     from test_masks import NAMES, SHAPES, masked_pool
 
     torch.manual_seed(0)
-    out = os.path.join(ROOT, "dist", "typecheck_inputs")
-    shutil.rmtree(out, ignore_errors=True)
-    write_files(out, compile_onnx(export_simplified(masked_pool(), SHAPES, NAMES), name="model", input_shape=SHAPES).files)
-    config = os.path.join(ROOT, "tests", "typecheck", "tsconfig.inputs.json")
-    r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    usage = os.path.join(ROOT, "tests", "typecheck", "inputs.ts")
-    original = open(usage).read()
-    try:
-        with open(usage, "w") as f:
-            f.write(original.replace(", mask: new Float32Array(2 * 7) }", " }"))
-        r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    finally:
-        with open(usage, "w") as f:
-            f.write(original)
-    assert r.returncode != 0 and "'mask' is missing" in r.stdout, r.stdout
+    check_keyed_types("typecheck_inputs", export_simplified(masked_pool(), SHAPES, NAMES), SHAPES, "inputs",
+                      ", mask: new Float32Array(2 * 7) }", "'mask'")
 
 
 def test_a_bundle_of_several_outputs_types_them_by_name():
@@ -92,19 +99,5 @@ def test_a_bundle_of_several_outputs_types_them_by_name():
     from test_outputs import FEAT, Detector
 
     torch.manual_seed(0)
-    out = os.path.join(ROOT, "dist", "typecheck_outputs")
-    shutil.rmtree(out, ignore_errors=True)
-    write_files(out, compile_onnx(export_simplified(Detector(), (FEAT,)), name="model", input_shape=(FEAT,)).files)
-    config = os.path.join(ROOT, "tests", "typecheck", "tsconfig.outputs.json")
-    r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    usage = os.path.join(ROOT, "tests", "typecheck", "outputs.ts")
-    original = open(usage).read()
-    try:
-        with open(usage, "w") as f:
-            f.write(original.replace(", box: new Float32Array(2 * 4) }", " }"))
-        r = subprocess.run([TSC, "-p", config], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    finally:
-        with open(usage, "w") as f:
-            f.write(original)
-    assert r.returncode != 0 and '"box"\' is missing' in r.stdout, r.stdout
+    check_keyed_types("typecheck_outputs", export_simplified(Detector(), (FEAT,)), (FEAT,), "outputs",
+                      ", box: new Float32Array(2 * 4) }", "'\"box\"'")
