@@ -207,7 +207,7 @@ def output_records(graph: Graph, plan: LayoutPlan, schedule: Schedule, default_l
     output of a model always), else the other kind."""
     out = []
     for k, (tensor, name) in enumerate(zip(graph.outputs, graph.output_names)):
-        kinds = list(schedule.loss[k]) if schedule.loss else []
+        kinds = list(schedule.loss[k])
         loss = default_loss if len(graph.outputs) == 1 or default_loss in kinds or not kinds else kinds[-1]
         shape = list(graph.shapes[tensor])
         out.append({"name": name, "shape": shape, "size": int(np.prod(shape)), "texture": plan.tensor(tensor),

@@ -2,6 +2,13 @@
 // The bridge at `url` (texelfit/bridge.py draws its endpoints) holds this page's Flower node. Each
 // round: the global weights and the fit config in, a fresh optimizer and a local fit, the weight
 // delta out (float32, or int8: a float32 scale per tensor, then a byte a value). Only weights travel.
+// The samples y holds for the outputs' default losses (the first output's y: class indices or targets), which the
+// update's metadata reports.
+function ySamples(y) {
+  const out = OUTPUTS[0], y0 = OUTPUTS.length > 1 ? y[out.name] : y;
+  return out.loss === 'cross_entropy' ? y0.length : y0.length / out.size;
+}
+
 async function joinFederation(m, url, { x, y, onRound } = {}) {
   requireTrainable('federate');
   let headers = {};

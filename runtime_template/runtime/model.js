@@ -34,7 +34,8 @@ class Model {
       // those folded past the size limit (not a blocked part folded on every device: blocking.blocked_fold)
       foldedTextures: [...gpu.textures.values()].filter((r) => r.tiled && !r.spec.fold).length,
       loss: MODEL.defaultLoss,
-      outputs: outputInfo(), // {name, shape, loss (fit's default)} of each output (outputs_multi.js)
+      // {name, shape, loss (fit's default)} of each output (outputs_multi.js)
+      outputs: Object.freeze(OUTPUTS.map((o) => Object.freeze({ name: o.name, shape: o.shape.slice(), loss: o.loss }))),
       trainable: Object.freeze(MODEL.trainable.slice()), // the parameters that train (build --trainable)
       trunk: MODEL.trunk ? MODEL.trunk.tensor : null, // the frozen trunk's output tensor, cached by fit
       image: MODEL.image && Object.freeze(MODEL.image), // fromImages' preprocessing (MODEL.image), or null

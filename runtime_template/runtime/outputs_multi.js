@@ -73,12 +73,3 @@ function ringLoss(data, losses, i) {
 
 // What predict returns: the outputs' arrays keyed by name.
 const predictResult = (arrays) => Object.fromEntries(OUTPUTS.map((o, k) => [o.name, arrays[k]]));
-
-// The samples y holds for the default losses (federate.js reports them).
-function ySamples(y) {
-  const out = OUTPUTS[0], y0 = y[out.name];
-  return out.loss === 'cross_entropy' ? y0.length : y0.length / out.size;
-}
-
-// info's record of the outputs (model.js)
-const outputInfo = () => Object.freeze(OUTPUTS.map((o) => Object.freeze({ name: o.name, shape: o.shape.slice(), loss: o.loss })));

@@ -16,7 +16,3 @@ const lossPasses = (r, losses) => r.loss[0][losses[0].kind];
 const lossRings = (gpu) => [gpu.textures.get('loss')];
 const ringLoss = (data, losses, i) => data[0][4 * (i % MODEL.lossRing)];
 const predictResult = (arrays) => arrays[0];
-const ySamples = (y) => (MODEL.defaultLoss === 'cross_entropy' ? y.length : y.length / OUTPUTS[0].size);
-
-// info's record of the output (model.js)
-const outputInfo = () => Object.freeze(OUTPUTS.map((o) => Object.freeze({ name: o.name, shape: o.shape.slice(), loss: o.loss })));
