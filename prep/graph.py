@@ -49,8 +49,8 @@ MODULE_HINTS = {k: v for k, v in {
     "ReduceLogSumExp": "torch.logsumexp"}.items()
     if k not in LOWERINGS}
 # ops refused by decision, not by omission: why, in the build error
-_RECURRENT = ("recurrent layers in an ONNX file or a TorchScript module are not supported yet: build from the "
-              "PyTorch module (its nn.LSTM, nn.GRU and nn.RNN are exported unrolled, prep/recurrent.py)")
+_RECURRENT = ("recurrent nodes become the steps they compute when the model is loaded (prep.load.load_onnx: "
+              "prep/recurrent_onnx.py); this graph did not go through it")
 NOT_YET = {"GRU": _RECURRENT, "LSTM": _RECURRENT, "RNN": _RECURRENT}
 
 

@@ -28,6 +28,7 @@ from .errors import BuildError  # noqa: F401 (every stage raises it; re-exported
 from .naming import (ALIASES_KEY, FOLDED_KEY, PADDING_IDX_KEY, PARAMETERS_KEY, UNUSED_KEY, claim_parameters, marks_of,
                      padding_indices, restore_state_dict_names, set_meta, write_parameters)
 from .recurrent import unrolled
+from .recurrent_onnx import unroll_recurrent_nodes
 from .simplify import simplify, simplify_onnx_file
 
 OPSET = 17
@@ -84,7 +85,8 @@ def export_simplified(module, input_shape, inputs=None, input_dtype="float32"):
     marks = marks_of(real)
     write_parameters(named, marks)
     try:  # (not under no_grad: nn.TransformerEncoderLayer would take its fused fast path, which has no export)
-        exported = export_module(module, input_shape, inputs, input_dtype)
+        # (a TorchScript module's nn.LSTM exports as an LSTM node, which the build takes as the steps it computes)
+        exported = unroll_recurrent_nodes(export_module(module, input_shape, inputs, input_dtype))
     finally:
         write_parameters(named, real)
     values = {n: t.numpy() for n, t in real.items()}

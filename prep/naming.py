@@ -189,6 +189,10 @@ UNUSED_KEY = "texelfit.unused_parameters"
 ALIASES_KEY = "texelfit.aliases"
 # {NAME@tied: NAME}: a parameter found twice among the initializers (tied weights in two layouts)
 TIED_KEY = "texelfit.tied_parameters"
+# [NAME]: an ONNX file's initializers that several nodes read as one parameter (an unrolled LSTM's hidden weights,
+# read by every step: prep/recurrent_onnx.py); the file's other shared initializers are untied (an exporter may
+# merge equal tensors)
+SHARED_KEY = "texelfit.shared_parameters"
 
 
 def restore_state_dict_names(model, state: dict[str, np.ndarray]):
@@ -236,8 +240,8 @@ def restore_state_dict_names(model, state: dict[str, np.ndarray]):
         if inp.name in renames:
             inp.name = renames[inp.name]
     if transposed:
-        prop = model.metadata_props.add()
-        prop.key, prop.value = TRANSPOSED_KEY, json.dumps(sorted(transposed))
+        before = {p.key: p.value for p in model.metadata_props}.get(TRANSPOSED_KEY, "[]")
+        set_meta(model, TRANSPOSED_KEY, sorted(set(json.loads(before)) | set(transposed)))
     if reshaped:
         set_meta(model, STATE_SHAPES_KEY, dict(sorted(reshaped.items())))
     return model

@@ -12,8 +12,8 @@ backpropagation through time computes it (prep/graph.py: untie_unsupported keeps
 What they return is kept: (output, (h_n, c_n)) and (output, h_n), for batch_first or not, one or more layers, one or
 two directions, tanh or relu (nn.RNN), with an initial state of zeros or given (hx). Not supported, with a build
 error naming the module: dropout between layers (PyTorch applies it in training), an LSTM's proj_size, a
-PackedSequence. An ONNX file's (or a TorchScript module's) LSTM, GRU and RNN nodes are not lowered: the build
-names them and says to build from the PyTorch module.
+PackedSequence. An ONNX file's (or a TorchScript module's) LSTM, GRU and RNN nodes become the same steps when the file
+is loaded, their weights split back into these parameters (prep/recurrent_onnx.py).
 """
 from __future__ import annotations
 

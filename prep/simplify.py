@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 from .errors import BuildError
+from .recurrent_onnx import unroll_recurrent_nodes
 from .naming import PARAMETERS_KEY, SOURCE_KEY, STATE_KEYS_KEY, TIED_KEY, onnx_parameters, restore_state_dict_names, set_meta
 
 
@@ -19,6 +20,7 @@ def simplify_onnx_file(model, state: dict | None = None):
     exporter renamed (a transposed Linear weight, `onnx::MatMul_N`); its keys are recorded (STATE_KEYS_KEY)
     so that the report can list the names that could not be recovered. Its values are not loaded: an ONNX
     file carries its own."""
+    model = unroll_recurrent_nodes(model)  # LSTM, GRU and RNN nodes as their steps, weights under state_dict names
     if state is not None:
         model = restore_state_dict_names(model, {k: v.detach().cpu().numpy() for k, v in state.items()})
         set_meta(model, STATE_KEYS_KEY, sorted(state))

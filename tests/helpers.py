@@ -14,17 +14,36 @@ from texelfit.prep.load import export_simplified
 
 
 def build_module(site, folder: str, module: torch.nn.Module, input_shape, *, max_batch=64, loss="cross_entropy",
-                 name="model", trainable="*", input_dtype="float32", transform=None, **options) -> str:
+                 name="model", trainable="*", input_dtype="float32", transform=None, onnx_file=False,
+                 **options) -> str:
     """Export `module` the way `texelfit build` does and serve the bundle; returns the module URL.
     `options`: more of compile_onnx's (weights_file, input_normalize, ...). `transform(onnx_model)`: a rewrite of
-    the export before the build (an ONNX form that torch does not export, of the same function)."""
-    onnx_model = export_simplified(module, tuple(input_shape), input_dtype=input_dtype)
+    the export before the build (an ONNX form that torch does not export, of the same function). `onnx_file`: built
+    as a user's ONNX file is (exported_as_a_file), not from the module."""
+    onnx_model = exported_as_a_file(module, tuple(input_shape), input_dtype) if onnx_file else \
+        export_simplified(module, tuple(input_shape), input_dtype=input_dtype)
     if transform is not None:
         onnx_model = transform(onnx_model)
     result = compile_onnx(onnx_model, name=name, input_shape=input_shape, max_batch=max_batch, loss=loss,
                           trainable=trainable, **options)
     url = site.add_files(folder, result.files)
     return f"{url}/{name}.js"
+
+
+def exported_as_a_file(module, input_shape, input_dtype="float32"):
+    """What `texelfit build model.onnx --weights state.pt` builds from: torch.onnx.export at opset 17 as a user writes
+    it (the batch dynamic), simplified with the state_dict, which names back the initializers the exporter renamed."""
+    import io
+
+    import onnx
+
+    from texelfit.prep.simplify import simplify_onnx_file
+
+    buf = io.BytesIO()
+    example = torch.zeros((2,) + tuple(input_shape), dtype=getattr(torch, input_dtype))
+    torch.onnx.export(module.eval(), (example,), buf, dynamo=False, opset_version=17, input_names=["input"],
+                      output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    return simplify_onnx_file(onnx.load_from_string(buf.getvalue()), module.state_dict())
 
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -160,7 +179,8 @@ FIT = """
 
 
 def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_size, epochs, tol_w, tol_loss,
-                   options=None, max_batch=64, seed=7, shuffle=False, ids=None, frozen=(), noise=None, mu=0.0):
+                   options=None, max_batch=64, seed=7, shuffle=False, ids=None, frozen=(), noise=None, mu=0.0,
+                   onnx_file=False):
     """Train in the page and in PyTorch from the same weights on the same batches; compare the loss
     of every step and every weight at the end. Returns what the page returned. (With `shuffle` the
     page draws its own order and PyTorch's batches are unshuffled: only the same where each batch is
@@ -170,7 +190,7 @@ def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_
     in exact arithmetic (an attention key's bias: the softmax cancels it), so that both sides train rounding
     noise there, which Adam scales up to steps of about lr: those values are checked to have moved by at most
     lr a step from where they started, on both sides, the others as every weight is. `mu`: fit's proximal term
-    (fit options.proximal), in PyTorch's loss as FedProx defines it."""
+    (fit options.proximal), in PyTorch's loss as FedProx defines it. `onnx_file`: build_module's."""
     import fnmatch
 
     torch.manual_seed(seed)
@@ -183,7 +203,7 @@ def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_
         for n, p in module.named_parameters():
             p.requires_grad_(n not in held)
     url = build_module(site, f"train_{factory.__name__}_{max_batch}", module, shape, max_batch=max_batch,
-                       input_dtype="int64" if ids else "float32", trainable=trainable)
+                       input_dtype="int64" if ids else "float32", trainable=trainable, onnx_file=onnx_file)
     x = torch.randint(0, ids, (samples,) + tuple(shape)) if ids else torch.randn((samples,) + tuple(shape))
     out_shape = tuple(module(x[:1]).shape[1:])
     if loss == "cross_entropy":
@@ -240,14 +260,14 @@ GRAD = dict(atol=2e-6, rtol=2e-4)
 
 
 def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0,
-             fwd=FWD, grad=GRAD, options=None, ids=None, max_batch=64, transform=None):
+             fwd=FWD, grad=GRAD, options=None, ids=None, max_batch=64, transform=None, onnx_file=False):
     """Forward output and the gradient of every weight against PyTorch autograd.
 
     Makes the module with `factory()` after seeding (the same weights whatever ran before),
     builds the bundle, runs `predict` and `gradients` in the page on random data, and compares
     tensor by tensor with |got - ref| <= atol + rtol * |ref|. The loss is taken on the raw output
     (class logits for cross_entropy, any shape for mse). With `ids` (an int V), x is int64 token ids
-    in [0, V), passed to the page as an Int32Array. `transform`: build_module's."""
+    in [0, V), passed to the page as an Int32Array. `transform`, `onnx_file`: build_module's."""
     torch.manual_seed(seed)
     module = factory().eval()
     g = torch.Generator().manual_seed(seed)  # the data, whatever the export draws from the global RNG
@@ -261,7 +281,7 @@ def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0
         y = torch.randn((batch,) + tuple(out_shape), generator=g)
         y_js = y.reshape(-1).tolist()
     url = build_module(site, f"op_{case}", module, shape, input_dtype="int64" if ids else "float32", max_batch=max_batch,
-                       transform=transform)
+                       transform=transform, onnx_file=onnx_file)
     got = run_model(web, url, """
         const x = args.ids ? Int32Array.from(args.x) : new Float32Array(args.x);
         const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);
@@ -276,6 +296,6 @@ def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0
     ref_loss.backward()
     assert_close(f"{case} forward", got["out"], out.detach().numpy(), **fwd)
     named = dict(module.named_parameters())
-    assert sorted(got["grads"]) == sorted(named), "gradients are keyed by the state_dict names"
+    assert sorted(got["grads"]) == sorted(named), f"gradients are keyed by the state_dict names: {sorted(got['grads'])}"
     for name, p in named.items():
         assert_close(f"{case} d{loss}/d{name}", got["grads"][name], p.grad.numpy(), **grad)

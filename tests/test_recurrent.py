@@ -4,7 +4,8 @@ last hidden state h_n, an initial state of zeros or given as a second input, a s
 (its steps' gradients summed in groups). Forward, every gradient
 (backpropagation through time: every step's gradient of weight_hh summed into one tensor) and optimizer
 trajectories from a fresh init against PyTorch, on WebGL2, rgba8 and the CPU backend; the trainable set is
-named_parameters() under the state_dict names (weight_ih_l0, ..., bias_hh_l1_reverse).
+named_parameters() under the state_dict names (weight_ih_l0, ..., bias_hh_l1_reverse). The same models from their
+torch.onnx.export files (LSTM, GRU and RNN nodes, prep/recurrent_onnx.py) and a traced module, the same way.
 """
 from __future__ import annotations
 
@@ -136,13 +137,29 @@ class GivenState(nn.Module):
         return self.head(self.rnn(x, h0.unsqueeze(0))[1][0])
 
 
-def test_an_initial_state_given_as_an_input(web, site):
+@pytest.mark.parametrize("source", ["module", "onnx_file"])
+def test_an_initial_state_given_as_an_input(web, site, source):
+    """h0 is the model's second input: from the module, and from its ONNX file, whose GRU node reads it as
+    initial_h."""
+    import io
+
+    import onnx
+
+    from texelfit.prep.simplify import simplify_onnx_file
+
     torch.manual_seed(2)
-    model = perturbed(GivenState)()
+    model = perturbed(GivenState)().eval()
     shapes = [(T, FEAT), (H,)]
-    onnx_model = export_simplified(model, shapes, ["x", "h0"])
+    if source == "module":
+        onnx_model = export_simplified(model, shapes, ["x", "h0"])
+    else:
+        buf = io.BytesIO()
+        torch.onnx.export(model, (torch.zeros(2, T, FEAT), torch.zeros(2, H)), buf, dynamo=False, opset_version=17,
+                          input_names=["x", "h0"], output_names=["output"],
+                          dynamic_axes={"x": {0: "batch"}, "h0": {0: "batch"}, "output": {0: "batch"}})
+        onnx_model = simplify_onnx_file(onnx.load_from_string(buf.getvalue()), model.state_dict())
     result = compile_onnx(onnx_model, name="model", input_shape=shapes, max_batch=4)
-    url = f"{site.add_files('rnn_given_state', result.files)}/model.js"
+    url = f"{site.add_files(f'rnn_given_state_{source}', result.files)}/model.js"
     g = torch.Generator().manual_seed(5)
     x, h0, y = torch.randn(3, T, FEAT, generator=g), torch.randn(3, H, generator=g), torch.tensor([0, 2, 1])
     got = run_model(web, url, """
@@ -230,3 +247,31 @@ def test_the_torch_reference_of_the_graph_is_the_module(factory):
     graph = to_ir(export_simplified(model, (T, FEAT)), (T, FEAT))
     with torch.no_grad():
         assert_close(f"{factory.__name__} IR", IRModule(graph)(x).numpy(), model(x).numpy(), **FWD)
+
+
+# ---- an ONNX file's LSTM, GRU and RNN nodes (prep/recurrent_onnx.py) ---------------------------------------------
+
+@pytest.mark.parametrize("factory, backend", [
+    (LastStep, "webgl"), (LastStep, "cpu"), (LastStep, "rgba8"), (deep_lstm, "webgl"), (deep_gru, "cpu"),
+    (GRUTagger, "webgl"), (ReluRNN, "webgl"), (LastHidden, "cpu")],
+    ids=["lstm_webgl", "lstm_cpu", "lstm_rgba8", "deep_lstm_webgl", "deep_gru_cpu", "gru_tagger_webgl",
+         "rnn_relu_webgl", "last_hidden_cpu"])
+def test_an_onnx_files_recurrent_nodes_forward_and_every_gradient(web, site, factory, backend):
+    """torch.onnx.export's LSTM, GRU and RNN nodes (one per layer and direction pair, weights reordered into ONNX's
+    gate order and concatenated) train the state_dict's tensors under their names, as the module does."""
+    check_op(web, site, f"onnx_{factory.__name__}_{backend}", perturbed(factory), (T, FEAT),
+             "mse" if factory is GRUTagger else "cross_entropy", batch=3, options=BACKENDS[backend], onnx_file=True)
+
+
+def test_an_onnx_files_lstm_trains_as_pytorch_from_a_fresh_init(web, site):
+    check_training(web, site, deep_lstm, (T, FEAT), "adam", "cross_entropy", samples=6, batch_size=3, epochs=1,
+                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, onnx_file=True)
+
+
+def test_a_torchscript_modules_lstm_forward_and_every_gradient(web, site):
+    """A traced module exports its nn.LSTM as an LSTM node (the module's forward is not ours to unroll): built as
+    its steps, with the weights the exporter computed claimed back as the module's parameters."""
+    def traced():
+        return torch.jit.trace(perturbed(LastStep)().eval(), torch.zeros(2, T, FEAT))
+
+    check_op(web, site, "torchscript_lstm", traced, (T, FEAT), "cross_entropy", batch=3)

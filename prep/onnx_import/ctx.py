@@ -10,7 +10,7 @@ import numpy as np
 from .. import batch_axis as ba
 from ..errors import BuildError
 from ..ir import Layer, Param
-from ..naming import PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, STATE_SHAPES_KEY, TIED_KEY, TRANSPOSED_KEY
+from ..naming import PADDING_IDX_KEY, PARAMETERS_KEY, SOURCE_KEY, SHARED_KEY, STATE_SHAPES_KEY, TIED_KEY, TRANSPOSED_KEY
 from ..shape import chain_shape, part_shape
 from .common import scope_name, where
 
@@ -52,6 +52,7 @@ class Importer:
         meta = {p.key: p.value for p in model.metadata_props}
         self.meta = meta
         self.stored_transposed = set(json.loads(meta.get(TRANSPOSED_KEY, "[]")))
+        self.shared = set(json.loads(meta.get(SHARED_KEY, "[]")))
         self.tied = json.loads(meta.get(TIED_KEY, "{}"))  # {NAME@tied: NAME}: a tied parameter's copy in another layout
         self.onnx_file = meta.get(SOURCE_KEY) == json.dumps("onnx") or PARAMETERS_KEY not in meta
         self.trainable_names = set(json.loads(meta.get(PARAMETERS_KEY, "[]")))
@@ -284,7 +285,7 @@ class Importer:
         arr = np.ascontiguousarray(arr)
         uses[source] = uses.get(source, 0) + 1
         owner = self.tied.get(source, source)  # (a tied parameter's copy in another layout: the parameter)
-        if not self.onnx_file and owner in params and params[owner].transposed == transposed and \
+        if (not self.onnx_file or source in self.shared) and owner in params and params[owner].transposed == transposed and \
                 np.array_equal(params[owner].array, arr):
             return owner  # a PyTorch source's tied parameter: one tensor (untie_unsupported splits it if need be)
         if not self.onnx_file and owner not in params:
