@@ -40,6 +40,8 @@ def unroll_recurrent_nodes(model):
     """`model` with every LSTM, GRU and RNN node replaced by its steps (the module docstring); unchanged without one."""
     import onnx
 
+    from .onnx_import.common import module_path
+
     g = model.graph
     if not any(n.op_type in RECURRENT for n in g.node):
         return model
@@ -54,7 +56,7 @@ def unroll_recurrent_nodes(model):
         if node.op_type not in RECURRENT:
             nodes.append(node)
             continue
-        scope = "/".join(p for p in node.name.split("/")[:-1] if p).replace("/", ".")
+        scope = module_path(node)
         k = counts[scope] = counts.get(scope, -1) + 1
         new, params, names_t = _Steps(node, scope, k, shapes, inits, producers).build()
         nodes.extend(new)

@@ -275,3 +275,43 @@ def test_a_torchscript_modules_lstm_forward_and_every_gradient(web, site):
         return torch.jit.trace(perturbed(LastStep)().eval(), torch.zeros(2, T, FEAT))
 
     check_op(web, site, "torchscript_lstm", traced, (T, FEAT), "cross_entropy", batch=3)
+
+
+class _Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(FEAT, H, num_layers=2, bidirectional=True, batch_first=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0][:, -1]
+
+
+class Nested(nn.Module):
+    """The recurrent layer two modules deep ('/enc/enc.0/rnn/GRU_1'), without --weights to name anything back."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.ModuleList([_Encoder()])
+        self.fc = nn.Linear(2 * H, 2)
+
+    def forward(self, x):
+        return self.fc(self.enc[0](x))
+
+
+def test_an_onnx_files_recurrent_weights_are_named_by_their_module_path():
+    import io
+
+    import onnx
+
+    from texelfit.prep.graph import to_ir
+    from texelfit.prep.simplify import simplify_onnx_file
+
+    m = Nested().eval()
+    buf = io.BytesIO()
+    torch.onnx.export(m, (torch.zeros(2, T, FEAT),), buf, dynamo=False, opset_version=17, input_names=["input"],
+                      dynamic_axes={"input": {0: "batch"}})
+    graph = to_ir(simplify_onnx_file(onnx.load_from_string(buf.getvalue())), (T, FEAT))
+    assert sorted(graph.params) == sorted(dict(m.named_parameters()))
+    state = m.state_dict()
+    for name, p in graph.params.items():  # in PyTorch's gate order: the state_dict's tensors
+        assert torch.equal(torch.from_numpy(p.array.T if p.transposed else p.array).reshape(state[name].shape), state[name]), name

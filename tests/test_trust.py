@@ -398,3 +398,30 @@ def test_import_weights_gives_a_tied_parameter_under_each_key(tmp_path):
     (tmp_path / "w.json").write_text(json.dumps(new))
     with pytest.raises(BuildError, match="one tied parameter"):
         import_weights(str(tmp_path / "w.json"), str(tmp_path / "m.onnx"), str(tmp_path / "w.pt"))
+
+
+class _PreActivation(nn.Module):
+    """BN-ReLU-conv of an input that the block's sum reads too (pre-activation ResNet, as DenseNet's BN-ReLU-conv
+    of a concatenation): batch-norms that cannot fold, all of one size."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.f = nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c, 3, padding=1, bias=False))
+
+    def forward(self, x):
+        return x + self.f(x)
+
+
+def fresh_preactivation_net():
+    """Three units and a BN-ReLU-pool head, as constructed: every batch-norm's scale 1 and shift 0, which the ONNX
+    exporter merges into one initializer each."""
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), _PreActivation(), _PreActivation(), _PreActivation(),
+                         nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+
+
+def test_a_fresh_onnx_files_merged_batch_norms_train_each_like_pytorch(web, site):
+    """The exporter merged the batch-norms' equal scales and shifts (a fresh DenseNet's): each trains as its own
+    tensor, under its state_dict name, and Adam trains them as PyTorch does (before: a build error, 'a tied
+    batch-norm parameter')."""
+    check_training(web, site, fresh_preactivation_net, (3, 6, 6), "adam", "cross_entropy", samples=4, batch_size=2,
+                   epochs=1, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, onnx_file=True)

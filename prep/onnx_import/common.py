@@ -19,7 +19,7 @@ def node_attrs(node) -> dict:
 
 # the role of a node's input in the state_dict name of its module's parameter (nn.Conv2d's weight, ...)
 _ROLES = {"Conv": {1: "weight", 2: "bias"}, "ConvTranspose": {1: "weight", 2: "bias"}, "Gemm": {1: "weight", 2: "bias"},
-          "LayerNormalization": {1: "weight", 2: "bias"}, "MatMul": {1: "weight"}, "Add": {0: "bias", 1: "bias"}}
+          "LayerNormalization": {1: "weight", 2: "bias"}, "BatchNormalization": {1: "weight", 2: "bias"}, "MatMul": {1: "weight"}, "Add": {0: "bias", 1: "bias"}}
 
 
 def scope_name(node, i, source: str) -> str | None:
@@ -29,13 +29,20 @@ def scope_name(node, i, source: str) -> str | None:
     role = _ROLES.get(node.op_type, {}).get(i)
     if role is None or not source.endswith("." + role) or not node.name.startswith("/"):
         return None
+    path = module_path(node)
+    return path + "." + role if path else None
+
+
+def module_path(node) -> str:
+    """The module path the exporter's scope of `node` gives ('/features/features.11/fc2/Conv' -> 'features.11.fc2';
+    '' for a node of the top module or without a scope)."""
     parts: list[str] = []
-    for seg in node.name.strip("/").split("/")[:-1]:
+    for seg in node.name.strip("/").split("/")[:-1] if node.name.startswith("/") else []:
         if parts and seg.startswith(parts[-1] + "."):
             parts[-1] = seg  # ('features', 'features.11'): the child's scope repeats its parent's
         else:
             parts.append(seg)
-    return ".".join(parts) + "." + role if parts else None
+    return ".".join(parts)
 
 
 def where(node) -> str:

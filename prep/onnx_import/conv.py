@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..elementwise import BY_ONNX
 from ..errors import BuildError
 from ..ir import Layer
-from .common import as_2d, pool_out, unsupported_attr, where, window
+from .common import as_2d, pool_out, scope_name, unsupported_attr, where, window
 from .registry import imports
 
 UNARY_ONNX = tuple(op for op, decl in BY_ONNX.items() if decl.arity == 1)
@@ -115,6 +115,24 @@ def conv_transpose(cx, s) -> bool:
     return True
 
 
+def _batchnorm_names(cx, node, ins) -> tuple[str, str]:
+    """The names of a batch-norm's scale and shift (if it cannot fold: prep/fold.py). An ONNX file's exporter may
+    have merged equal tensors (a fresh DenseNet's zero shifts): the first reader keeps the name, the others take the
+    state_dict name their scope gives, as Importer.param names a shared weight (their uses are counted together).
+    A PyTorch source's are its own."""
+    names = []
+    for i in (1, 2):
+        name = ins[i]
+        if cx.onnx_file:
+            cx.uses[name] = cx.uses.get(name, 0) + 1
+            if cx.uses[name] > 1:
+                name = scope_name(node, i, name)
+                if name is None or name in cx.params or name in cx.initializer_names:
+                    name = f"{ins[i]}@{node.name}"
+        names.append(name)
+    return names[0], names[1]
+
+
 @imports("BatchNormalization")
 def batchnorm(cx, s) -> bool:
     node, a, ins, out = s.node, s.a, s.ins, s.out
@@ -123,6 +141,6 @@ def batchnorm(cx, s) -> bool:
     x = cx.act(ins[0])
     stats = {k: cx.weight(node, i).reshape(-1) for i, k in enumerate(("scale", "bias", "mean", "var"), 1)}
     cx.layers.append(Layer("batchnorm", node.name, [x], [out], dict(stats, eps=float(a.get("epsilon", 1e-5)),
-                                                                    names=(ins[1], ins[2]))))
+                                                                    names=_batchnorm_names(cx, node, ins))))
     cx.shapes[out] = cx.shapes[x]
     return True
