@@ -71,7 +71,11 @@ def squeeze(where, v: Lazy, axes) -> Lazy:
     for a in axes:
         if N in v.groups[a] or int(np.prod([v.fine[f] for f in v.groups[a]])) != 1:
             raise BuildError(f"{where}: Squeeze of axis {a}, which is not of size 1")
-    return Lazy(v.src, list(v.ops), v.fine, [g for i, g in enumerate(v.groups) if i not in axes])
+    groups = [list(g) for i, g in enumerate(v.groups) if i not in axes]
+    leftover = [f for i in sorted(axes) for f in v.groups[i]]  # fine axes of size 1 (a Split's part): kept somewhere
+    if leftover and groups:
+        groups[-1] += leftover
+    return Lazy(v.src, list(v.ops), v.fine, groups)
 
 
 def unsqueeze(v: Lazy, axes) -> Lazy:
@@ -108,6 +112,17 @@ def select(where, v: Lazy, axis: int, index: int) -> Lazy:
     return Lazy(v.src, ops, fine, groups)
 
 
+def narrow(where, v: Lazy, axis: int, start: int, end: int) -> Lazy:
+    """Elements start..end of `axis` (a Split's output), an axis of one fine axis but the batch."""
+    axis %= v.rank()
+    g = [f for f in v.groups[axis] if f == N or v.fine[f] != 1]
+    if len(g) != 1 or g[0] == N:
+        raise BuildError(f"{where}: a Split or Slice on an axis that holds the batch or several axes")
+    j = g[0]
+    fine = v.fine[:j] + (end - start,) + v.fine[j + 1:]
+    return Lazy(v.src, list(v.ops) + [("slice", j, start, end, 1)], fine, [list(grp) for grp in v.groups], v.origin)
+
+
 def reshape(where, v: Lazy, target, allowzero: bool) -> Lazy:
     """Regroup the factors into the dims of `target` (ONNX: 0 copies, one -1 is the rest; the batch
     dim is -1, "N", 0 copying a batch dim, or a symbolic product)."""
@@ -117,9 +132,10 @@ def reshape(where, v: Lazy, target, allowzero: bool) -> Lazy:
     dims: list = []  # (non-batch size or None for the rest, holds the batch)
     for i, d in enumerate(target):
         if isinstance(d, str):
-            if d != N:
+            k = int(d[len(N) + 1:]) if d.startswith(N + "*") and d[len(N) + 1:].isdigit() else 1 if d == N else None
+            if k is None:
                 raise BuildError(f"{where}: Reshape to {target}: a symbolic dim {d!r}")
-            dims.append((1, True))
+            dims.append((k, True))  # (N*4: the batch and 4 more, windows folded into it)
         elif int(d) == 0 and not allowzero:
             s = v.sizes()[i]
             dims.append((s[1], True) if isinstance(s, tuple) else (s, False))
@@ -231,6 +247,28 @@ def canonical_form(where, v: Lazy, what: str):
     order = [f for g in v.groups[1:] for f in g] + [f for f in v.groups[0] if f != N]
     shape = tuple(int(np.prod([v.fine[f] for f in g])) for g in v.groups[1:]) or (1,)
     return _chain(v, order, shape), shape
+
+
+def merged_batch(v: Lazy) -> bool:
+    """Whether the batch is merged with windows on the first axis, batch first ([N * windows, ...]: Swin's window
+    attention, MobileViT's patches), and nowhere else: an elementwise op reads it in the merged form."""
+    first = [f for f in v.groups[0] if f == N or v.fine[f] != 1]
+    return len(first) > 1 and first[0] == N and not any(N in g for g in v.groups[1:])
+
+
+def merged_form(where, v: Lazy, what: str):
+    """(ops, per-sample shape) of a merged_batch view: (windows, the other axes...), the ONNX shape but the batch."""
+    if not merged_batch(v):
+        raise BuildError(f"{where}: {what} of a tensor of ONNX shape {v.sizes()}: not the batch merged first")
+    order = [f for f in v.groups[0] if f != N] + [f for g in v.groups[1:] for f in g]
+    shape = tuple(int(np.prod([v.fine[f] for f in g if f != N])) for g in v.groups)
+    return _chain(v, order, shape), shape
+
+
+def merged(src: str, shape) -> Lazy:
+    """The view of an IR tensor of per-sample shape (windows, ...) with the batch merged into its first axis."""
+    shape = tuple(int(d) for d in shape)
+    return Lazy(src, [], shape, [[N, 0]] + [[i] for i in range(1, len(shape))])
 
 
 def after_rows_op(out: str, v: Lazy, out_features: int) -> Lazy:

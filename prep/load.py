@@ -27,6 +27,7 @@ import zipfile
 from .errors import BuildError  # noqa: F401 (every stage raises it; re-exported for older imports)
 from .naming import (ALIASES_KEY, FOLDED_KEY, PADDING_IDX_KEY, PARAMETERS_KEY, UNUSED_KEY, claim_parameters, marks_of,
                      padding_indices, restore_state_dict_names, set_meta, write_parameters)
+from .gathered import whole_reads
 from .recurrent import unrolled
 from .recurrent_onnx import unroll_recurrent_nodes
 from .simplify import simplify, simplify_onnx_file
@@ -93,7 +94,7 @@ def export_simplified(module, input_shape, inputs=None, input_dtype="float32"):
     claimed, folded = claim_parameters(exported, marks, values)
     unused = set(_without_gradient(module, input_shape, inputs, input_dtype, folded)) if folded else set()
     folded = {n: why for n, why in folded.items() if n not in unused}
-    model = simplify(exported, protect=claimed)
+    model = whole_reads(simplify(exported, protect=claimed))  # (prep/gathered.py)
     kept = {i.name.split("@")[0] for i in model.graph.initializer}
     unused |= {n.split("@")[0] for n in claimed} - kept  # read only by what onnxsim found dead
     buffer_names = set(dict(module.named_buffers()))  # (a tied parameter's second state_dict key is no buffer)

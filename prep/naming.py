@@ -12,6 +12,8 @@ import json
 
 import numpy as np
 
+from .gathered import unfold_gathers
+
 
 def write_parameters(named: dict, values: dict) -> None:
     import torch
@@ -89,6 +91,8 @@ def claim_parameters(model, marks: dict[str, np.ndarray], values: dict[str, np.n
     for inp in g.input:
         if inp.name in renames:
             inp.name = renames[inp.name]
+    recovered = unfold_gathers(model, marks, values, found)  # (a table read at constant indices, folded)
+    found |= recovered
     folded: dict[str, str] = {}
     for n in marks:
         if n in found:
@@ -102,7 +106,7 @@ def claim_parameters(model, marks: dict[str, np.ndarray], values: dict[str, np.n
         set_meta(model, STATE_SHAPES_KEY, dict(sorted(reshaped.items())))
     if tied:
         set_meta(model, TIED_KEY, dict(sorted(tied.items())))
-    return set(renames.values()), folded
+    return set(renames.values()) | recovered, folded
 
 
 # An ONNX file's initializers that are parameters by the input they feed: node type -> input slots

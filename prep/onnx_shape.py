@@ -26,7 +26,7 @@ def axis(where: str, value, rank) -> int:
 
 def batch_shape(value):
     """The per-sample dims of a shape value [N, d1, ...] (symbolic batch first), else None."""
-    if isinstance(value, list) and value and isinstance(value[0], str):
+    if isinstance(value, list) and value and value[0] == N:  # (not "N*4": windows merged into the batch)
         return value[1:] if N not in value[1:] else None
     return None
 

@@ -230,26 +230,32 @@ def test_a_recurrent_node_of_an_onnx_file_the_build_cannot_take_is_named(kind, c
 
 
 class _Windows(torch.nn.Module):
-    """Windows folded into the batch by a computed shape (x.view(n * 4, ...)), as Swin and MobileViT do."""
+    """Windows folded into the batch by a computed shape (x.view(n * 4, ...)), as Swin and MobileViT do; with
+    `square`, by the batch size squared, which no model means."""
 
-    def __init__(self):
+    def __init__(self, square=False):
         super().__init__()
-        self.fc = torch.nn.Linear(4, 4)
+        self.fc, self.square = torch.nn.Linear(4, 4), square
 
     def forward(self, x):
         n = x.shape[0]
-        return self.fc(x.reshape(n * 4, -1)).reshape(n, 16)
+        return self.fc(x.reshape(n * n if self.square else n * 4, -1)).reshape(n, -1)
 
 
-def test_a_batch_folded_with_windows_is_named_not_a_numpy_message():
+def test_a_batch_folded_with_windows_builds_and_other_batch_arithmetic_is_named():
     """Issue 32: the shape arithmetic on the batch size gave numpy's "The 'out' kwarg is necessary when using the
-    string multiply ufunc"; the error names the node and what the model does."""
+    string multiply ufunc", then a build error; N * 4 is now the batch and 4 windows (the IR computes the module),
+    and the batch size times itself fails naming the node and what it computes."""
     from texelfit.prep.graph import to_ir
     from texelfit.prep.load import BuildError, export_simplified
+    from texelfit.prep.torch_ir import IRModule
 
+    m = _Windows().eval()
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(IRModule(to_ir(export_simplified(m, (16,)), (16,)))(x), m(x))
     with pytest.raises(BuildError) as e:
-        to_ir(export_simplified(_Windows().eval(), (16,)), (16,))
+        to_ir(export_simplified(_Windows(square=True).eval(), (8,)), (8,))
     msg = str(e.value)
-    assert "Mul node '/Mul': Mul of the batch size N and ['N', 4]: the model computes a shape that merges the batch " \
-           "with another axis" in msg, msg
+    assert "Mul node '/Mul': Mul of the shape values 'N' and 'N': only the batch size N times or divided by a " \
+           "number" in msg, msg
     assert "ufunc" not in msg

@@ -7,7 +7,38 @@ import numpy as np
 from ..errors import BuildError
 from ..load import INPUT_DTYPES
 
-N = "N"  # the batch dimension in symbolic shape values
+N = "N"  # the batch dimension in symbolic shape values; "N*4": the batch times 4 (windows folded into the batch)
+
+
+def collapse_broadcast(out: tuple, operands: list[tuple]) -> tuple[tuple, list[tuple]]:
+    """`out` and the operand shapes (each of out's rank, broadcasting where a dim is 1) with the adjacent axes merged
+    where every operand broadcasts alike (all of the axes, or none of them): the same elementwise op of fewer axes
+    ((1, h, n, n) + (A, 1, n, n) -> (1, h, n * n) + (A, 1, n * n))."""
+    pattern = [tuple(s[i] == out[i] for s in operands) for i in range(len(out))]
+    groups: list[list[int]] = []
+    for i in range(len(out)):
+        if groups and pattern[i] == pattern[groups[-1][-1]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+
+    def merge(shape):
+        return tuple(int(np.prod([shape[i] for i in g])) for g in groups)
+
+    return merge(out), [merge(s) for s in operands]
+
+
+def batch_multiple(d) -> int | None:
+    """k of a symbolic dim N*k ("N" is N*1); None for a number."""
+    if d == N:
+        return 1
+    if isinstance(d, str) and d.startswith(N + "*") and d[len(N) + 1:].isdigit():
+        return int(d[len(N) + 1:])
+    return None
+
+
+def times_batch(k: int) -> str:
+    return N if k == 1 else f"{N}*{k}"
 F32_MAX = float(np.finfo(np.float32).max)  # an infinite constant that a kernel bakes in (select_eq's -inf fill)
 
 

@@ -10,7 +10,7 @@ from .. import onnx_shape
 from ..elementwise import BY_ONNX
 from ..errors import BuildError
 from ..ir import Layer
-from .common import F32_MAX, N, strip_ones, where
+from .common import F32_MAX, N, batch_multiple, strip_ones, times_batch, where
 from .fold import fold
 from .layers import expand
 from .registry import ANY, imports
@@ -62,6 +62,27 @@ def batch_constant(cx, s) -> bool:
     cx.batch_consts[s.out] = onnx_shape.batch_constant(where(s.node), op, s.a, [cx.consts[i] for i in ins])
     if op == "Expand" and ins[0] in cx.trainable_names:  # a parameter repeated over the batch: a class token
         cx.expanded_params[s.out] = ins[0]
+    return True
+
+
+@imports("Reshape")
+def merged_batch_constant(cx, s) -> bool:
+    """A Reshape of a constant repeated over the batch to [N * windows, ...] (Swin's shifted-window mask, expanded
+    over the batch and merged with it as the scores are): the sample's values as (windows, ...), which an
+    elementwise op of the merged scores reads (onnx_import/elementwise.py: on_merged_batch)."""
+    ins = s.ins
+    if ins[0] not in cx.batch_consts or ins[1] not in cx.consts:
+        return False
+    target = list(cx.consts[ins[1]]) if isinstance(cx.consts[ins[1]], list) else \
+        np.asarray(cx.consts[ins[1]]).reshape(-1).tolist()
+    per_sample, rest = cx.batch_consts[ins[0]], target[1:]
+    if any(isinstance(d, str) or d <= 0 for d in rest):
+        return False
+    k = batch_multiple(target[0]) if isinstance(target[0], str) else \
+        per_sample.size // int(np.prod(rest)) if target[0] == -1 and per_sample.size % int(np.prod(rest)) == 0 else None
+    if k is None or k == 1 or k * int(np.prod(rest)) != per_sample.size:
+        return False
+    cx.merged_consts[s.out] = per_sample.reshape([k] + [int(d) for d in rest])
     return True
 
 
@@ -160,11 +181,8 @@ def shape(cx, s) -> bool:
     if src in cx.equals:
         src = cx.equals[src][0]
     if src in cx.lazy:  # a tensor whose batch axis moved: its ONNX shape, the batch "N" where it is alone
-        sizes = cx.lazy[src].sizes()
-        if any(isinstance(d, tuple) and d[1] != 1 for d in sizes):
-            raise BuildError(f"{where(s.node)}: Shape of a tensor whose batch axis is merged with another "
-                             f"axis (ONNX shape {sizes})")
-        full = [N if isinstance(d, tuple) else d for d in sizes]
+        # (the batch merged with windows, [N * 4, ...]: "N*4", which shape arithmetic and Reshape take)
+        full = [times_batch(d[1]) if isinstance(d, tuple) else d for d in cx.lazy[src].sizes()]
     else:
         full = [N] + list(cx.shapes[cx.act(src)])
     cx.consts[s.out] = full[a.get("start", 0):a.get("end", len(full))]

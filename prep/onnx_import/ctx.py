@@ -62,6 +62,8 @@ class Importer:
         # tensors that are one constant sample repeated over the batch (Expand or ConstantOfShape to
         # [N, ...]): per-sample array; only Concat takes them, as constant parts of a gather
         self.batch_consts: dict[str, np.ndarray] = {}
+        self.merged_consts: dict[str, np.ndarray] = {}  # a batch constant seen as [N * windows, ...]: (windows, ...)
+        self.window_biases: dict[str, tuple[str, str]] = {}  # a table view plus a merged constant (tables.py)
         self.expanded_params: dict[str, str] = {}  # those of them that are a trainable parameter expanded: -> its name
         self.used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
         # the (C, T) output of a 1-D conv or pool -> the (C, 1, T) tensor it is computed as: a 2-D conv or
@@ -154,7 +156,8 @@ class Importer:
         if (name, form) in forms:
             return forms[(name, form)]
         v = self.lz(name)
-        fn = {"canonical": ba.canonical_form, "rows": ba.rows_form, "blocks": ba.blocks_form}[form]
+        fn = {"canonical": ba.canonical_form, "rows": ba.rows_form, "blocks": ba.blocks_form,
+              "merged": ba.merged_form}[form]
         ops, shape, *extra = fn(where or repr(name), v, what)
         if all(op[0] == "reshape" for op in ops) and tuple(shape) == tuple(self.shapes[v.src]):
             t = v.src

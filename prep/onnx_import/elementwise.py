@@ -4,14 +4,17 @@ matmul's output is that layer's bias; x * sigmoid(x) is nn.SiLU; on a lazy view 
 layer with ONNX broadcasting."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from .. import batch_axis as ba
 from ..elementwise import BY_ONNX
 from ..errors import BuildError
 from ..ir import Layer
-from .common import where
+from .common import collapse_broadcast, where
 from .layers import elementwise_of, is_silu
+from . import tables
 from .registry import imports
 
 BINARY_ONNX = tuple(op for op, decl in BY_ONNX.items() if decl.arity == 2)
@@ -80,10 +83,11 @@ def constant_on_lazy_view(cx, s) -> bool:
     k = next(j for j, i in enumerate(ins) if alias.get(i, i) in lazy)
     v, cst = lazy[alias.get(ins[k], ins[k])], np.asarray(consts[ins[1 - k]], dtype=np.float32)
     nb = [j for j, grp in enumerate(v.groups) if ba.N in grp]
-    if v.groups[nb[0]] != [ba.N] or cst.ndim > v.rank() or (cst.ndim == v.rank() and cst.shape[nb[0]] != 1):
+    if v.groups[nb[0]][0] != ba.N or cst.ndim > v.rank() or (cst.ndim == v.rank() and cst.shape[nb[0]] != 1):
         raise BuildError(f"{where(node)}: {op} of a constant of shape {list(cst.shape)} and a tensor of "
                          f"ONNX shape {v.sizes()}: not supported")
-    full = [1 if j == nb[0] else d for j, d in enumerate(v.sizes())]
+    # (the batch's axis without it: 1, or the windows merged after it, over which the constant broadcasts)
+    full = [d[1] if isinstance(d, tuple) else d for d in v.sizes()]
     name = ins[1 - k]
     per_feature = all(d == 1 for d in cst.shape[:-1])
     if not per_feature and ((name in cx.initializer_names and name in cx.trainable_names)
@@ -130,6 +134,55 @@ def pointwise_on_lazy_view(cx, s) -> bool:
     t = f"{s.out}:src"
     cx.layers.append(elementwise_of(cx, s.node, t, s.a, ins[:k] + [v.src] + ins[k + 1:]))
     cx.set_lazy(s.out, ba.Lazy(t, list(v.ops), v.fine, [list(grp) for grp in v.groups]))
+    return True
+
+
+@imports(*BY_ONNX)
+def on_merged_batch(cx, s) -> bool:
+    """An elementwise op of tensors whose batch is merged with windows first ([N * windows, ...]: MobileViT's residual
+    sum of two such): on their merged form (windows, ...), a constant broadcast over the windows, the output seen
+    with the batch merged again (prep/batch_axis.py: merged_batch)."""
+    node, alias, lazy = s.node, cx.alias, cx.lazy
+    operands = s.ins[:BY_ONNX[s.op].arity]
+    if s.op == "Add" and any(i in cx.window_biases for i in operands):  # scores + (table view + window mask)
+        k = next(j for j, i in enumerate(operands) if i in cx.window_biases)
+        table, mask = cx.window_biases[operands[k]]
+        first = f"{s.out}:with_table"
+        if not tables.table_added(cx, dataclasses.replace(s, ins=[operands[1 - k], table], out=first)):
+            return False
+        return on_merged_batch(cx, dataclasses.replace(s, ins=[first, mask]))
+    views = [lazy.get(alias.get(i, i)) for i in operands]
+    if not any(v is not None and ba.merged_batch(v) for v in views):
+        return False
+    ins = list(s.ins)
+    for k, (i, v) in enumerate(zip(operands, views)):
+        if i in cx.merged_consts:  # (a constant sample in the merged form: (windows, ...), broadcast as one)
+            ins[k] = f"{i}:per_sample"
+            cx.consts[ins[k]] = cx.merged_consts[i][None]
+            continue
+        if i in cx.consts:
+            continue
+        if v is None or not ba.merged_batch(v):
+            raise BuildError(f"{where(node)}: {s.op} of a tensor whose batch is merged with windows "
+                             f"({views[1 - k].sizes()}) and one of ONNX shape {v.sizes() if v else 'per sample'}")
+        ins[k] = cx.materialise(i, "merged", s.op, where(node))[0]
+    rank = max(len(cx.shapes[i]) for i in ins[:len(operands)] if i not in cx.consts)
+    shapes = [cx.shapes[i] if i not in cx.consts else  # (a constant's ONNX shape, its batch axis of 1 dropped)
+              ((1,) * (rank + 1 - np.ndim(cx.consts[i])) + np.shape(cx.consts[i]))[1:] for i in ins[:len(operands)]]
+    full = tuple(max(d) for d in zip(*shapes))
+    if len(full) > 3 and any(sh != full for sh in shapes):  # (a mask of every window on every head: fewer axes)
+        full_c, shapes_c = collapse_broadcast(full, shapes)
+        for k, (i, sh) in enumerate(zip(list(ins), shapes_c)):
+            if i in cx.consts:
+                ins[k] = f"{i}:collapsed"
+                cx.consts[ins[k]] = np.asarray(cx.consts[i]).reshape((1,) + sh)
+            else:
+                ins[k] = f"{i}:collapsed"
+                cx.view(node, i, [("reshape", sh)], out=ins[k], name=f"{node.name}:collapsed{k}")
+    t = f"{s.out}:merged"
+    cx.layers.append(elementwise_of(cx, node, t, s.a, ins))
+    v = ba.merged(t, full)
+    cx.set_lazy(s.out, ba.Lazy(t, [("reshape", full)], v.fine, v.groups) if cx.shapes[t] != full else v)
     return True
 
 

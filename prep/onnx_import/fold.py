@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BuildError
-from .common import where
+from .common import batch_multiple, times_batch, where
 
 
 def numpy_helper_value(a) -> np.ndarray:
@@ -22,6 +22,33 @@ def _int_div(x, y):
 _NUMPY_FOLD = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _int_div, "Neg": np.negative,
                "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Abs": np.abs, "Reciprocal": np.reciprocal,
                "Pow": np.power}
+
+
+def _batch_arithmetic(node, op, vals):
+    """Mul and Div of shape values holding the batch: N * 4 is "N*4" (windows folded into the batch), "N*4" / 4 is
+    N again, "N*4" / N is 4; anything else of the batch (N * N, N + 1, 4 / N) is an error naming the node."""
+    def values(v):
+        return v if isinstance(v, list) else [v] if isinstance(v, str) or not np.ndim(v) else np.asarray(v).reshape(-1).tolist()
+
+    a, b = (values(v) for v in vals)
+    width = max(len(a), len(b))
+    a, b = (v * width if len(v) == 1 else v for v in (a, b))
+    out = []
+    for x, y in zip(a, b):
+        kx, ky = batch_multiple(x), batch_multiple(y)
+        if kx is None and ky is None:
+            out.append(x * y if op == "Mul" else _int_div(np.asarray(x), np.asarray(y)).item())
+        elif op == "Mul" and (kx is None) != (ky is None) and float(y if kx is not None else x).is_integer():
+            out.append(times_batch((kx if kx is not None else ky) * int(y if kx is not None else x)))
+        elif op == "Div" and kx is not None and ky is None and float(y).is_integer() and kx % int(y) == 0:
+            out.append(times_batch(kx // int(y)))
+        elif op == "Div" and kx is not None and ky is not None and kx % ky == 0:
+            out.append(kx // ky)
+        else:
+            raise BuildError(f"{where(node)}: {op} of the shape values {x!r} and {y!r}: only the batch size N times "
+                             "or divided by a number (windows or patches folded into the batch) is supported")
+    return out if any(isinstance(v, list) for v in vals) or any(np.ndim(v) for v in vals if not isinstance(v, str)) \
+        else out[0]
 
 
 def fold(node, op, a, vals):
@@ -89,6 +116,8 @@ def fold(node, op, a, vals):
         if op in ("And", "Or", "Xor", "Not") and not any(isinstance(v, list) for v in vals):
             fn = {"And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor, "Not": np.logical_not}[op]
             return fn(*[np.asarray(v, dtype=bool) for v in vals])
+        if op in ("Mul", "Div") and any(isinstance(v, (str, list)) for v in vals):
+            return _batch_arithmetic(node, op, vals)
         if op in _NUMPY_FOLD and any(isinstance(v, str) or (isinstance(v, np.ndarray) and v.dtype.kind in "OUS")
                                      for v in vals):
             raise BuildError(f"{where(node)}: {op} of the batch size N and {[v if isinstance(v, str) else np.asarray(v).tolist() for v in vals]}: the model "

@@ -19,15 +19,23 @@ def dropout_in_training(cx, s) -> bool:
     if not (len(ins) > 2 and ins[2] and bool(np.asarray(consts.get(ins[2], False))) and
             float(np.asarray(consts.get(ins[1], 0.5))) > 0):
         return False
-    cx.layers.append(Layer("dropout", s.node.name, [cx.act(ins[0])], [s.out],
-                           {"ratio": float(np.asarray(consts[ins[1]]) if ins[1] in consts else 0.5)}))
+    ratio = {"ratio": float(np.asarray(consts[ins[1]]) if ins[1] in consts else 0.5)}
+    v = cx.lazy.get(cx.alias.get(ins[0], ins[0]))
+    if v is not None:  # (on a view whose batch moved: on its source, elementwise, the view kept)
+        t = f"{s.out}:src"
+        cx.layers.append(Layer("dropout", s.node.name, [v.src], [t], ratio))
+        cx.shapes[t] = cx.shapes[v.src]
+        cx.set_lazy(s.out, ba.Lazy(t, list(v.ops), v.fine, [list(g) for g in v.groups], v.origin))
+        return True
+    cx.layers.append(Layer("dropout", s.node.name, [cx.act(ins[0])], [s.out], ratio))
     cx.shapes[s.out] = cx.shapes[cx.layers[-1].inputs[0]]
     return True
 
 
 @imports("Identity", "Dropout")
 def identity(cx, s) -> bool:
-    cx.alias[s.out] = cx.act(s.ins[0])
+    x = cx.alias.get(s.ins[0], s.ins[0])
+    cx.alias[s.out] = x if x in cx.lazy else cx.act(x)  # (a view whose batch moved stays one)
     return True
 
 
@@ -54,6 +62,18 @@ def gemm(cx, s) -> bool:
     return True
 
 
+def _runs(pattern) -> tuple:
+    """A blocks pattern (the batch "N" and the sizes of the other leading factors) with adjacent sizes multiplied:
+    (N, 4, 2) and (N, 2, 2, 2) are one order of 8 blocks a sample (windows and heads, factored apart or not)."""
+    out: list = []
+    for d in pattern:
+        if d != ba.N and out and out[-1] != ba.N:
+            out[-1] *= d
+        else:
+            out.append(d)
+    return tuple(out)
+
+
 @imports("MatMul")
 def matmul_of_activations(cx, s) -> bool:
     """A MatMul of two activations, batched over the leading axes."""
@@ -61,7 +81,8 @@ def matmul_of_activations(cx, s) -> bool:
     if ins[1] in cx.consts:
         return False
     (ta, ga, pa), (tb, gb, pb) = (cx.materialise(t, "blocks", "MatMul", where(node)) for t in ins[:2])
-    if ga != gb or pa != pb or shapes[ta][1] * gb != shapes[tb][0]:
+    same_blocks = pa == pb or (_runs(pa) == _runs(pb) and cx.lz(ins[0]).sizes()[:-2] == cx.lz(ins[1]).sizes()[:-2])
+    if ga != gb or not same_blocks or shapes[ta][1] * gb != shapes[tb][0]:
         raise BuildError(f"{where(node)}: MatMul of {cx.lz(ins[0]).sizes()} and {cx.lz(ins[1]).sizes()}: the "
                          "leading (batch) axes or the inner dims differ")
     m = shapes[ta][0] // ga

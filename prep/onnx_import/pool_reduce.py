@@ -43,8 +43,8 @@ def reduce(cx, s) -> bool:
         layers.append(Layer("pow", f"{node.name}:square", [x], [f"{out}:square"], {"exponent": 2.0}))
         shapes[f"{out}:square"] = shapes[x]
         x, out = f"{out}:square", f"{out}:sumsq"
-    if op == "GlobalAveragePool":
-        axes = [2, 3]
+    if op == "GlobalAveragePool":  # every axis after the channels (nn.AdaptiveAvgPool1d(1) of [N, C, L]: one)
+        axes = list(range(2, rank))
     else:
         axes = a.get("axes")
         if axes is None and len(ins) > 1 and ins[1]:
@@ -60,7 +60,8 @@ def reduce(cx, s) -> bool:
         layers.append(Layer("global_avgpool", node.name, [x], [out], {"keepdims": keep}))
     else:
         layers.append(Layer("reduce", node.name, [x], [out],
-                            {"kind": "sum" if op == "ReduceL2" else op[len("Reduce"):].lower(),
+                            {"kind": "sum" if op == "ReduceL2" else "mean" if op == "GlobalAveragePool" else
+                             op[len("Reduce"):].lower(),
                              "axes": [v - 1 for v in axes],
                              "keepdims": keep}))
     kept = [d if i + 1 not in axes else 1 for i, d in enumerate(shapes[x])]

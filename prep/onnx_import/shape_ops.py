@@ -11,6 +11,7 @@ from ..errors import BuildError
 from ..ir import Layer
 from ..shape import MAX_CONSTANT_FLOATS
 from .common import N, unsupported_attr, where
+from .. import batch_axis as ba
 from .registry import imports
 
 
@@ -22,6 +23,33 @@ def batch_view(cx, s) -> bool:
         return False
     v.origin = getattr(cx.lazy.get(cx.alias.get(s.ins[0], s.ins[0])), "origin", "") or where(s.node)
     cx.set_lazy(s.out, v)
+    return True
+
+
+@imports("Split")
+def split_view(cx, s) -> bool:
+    """A Split of a tensor whose batch axis moved (q, k and v of a window attention's [3, N * windows, ...]):
+    a lazy view of each part, no layer."""
+    node, a, ins = s.node, s.a, s.ins
+    x = cx.alias.get(ins[0], ins[0])
+    if x not in cx.lazy:
+        return False
+    v, outs = cx.lazy[x], list(node.output)
+    axis = int(a.get("axis", 0)) % v.rank()
+    size = int(np.prod([v.fine[f] for f in v.groups[axis] if f != N]))
+    if len(ins) > 1 and ins[1]:
+        if ins[1] not in cx.consts:
+            raise BuildError(f"{where(node)}: Split with sizes computed from activations is not supported")
+        sizes = [int(k) for k in np.asarray(cx.consts[ins[1]]).reshape(-1)]
+    else:
+        sizes = list(a.get("split", [])) or [-(-size // len(outs))] * len(outs)
+        sizes[-1] = size - sum(sizes[:-1])
+    start = 0
+    for out, k in zip(outs, sizes):
+        part = ba.narrow(where(node), v, axis, start, start + k)
+        part.origin = v.origin
+        cx.set_lazy(out, part)
+        start += k
     return True
 
 

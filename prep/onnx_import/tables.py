@@ -64,6 +64,8 @@ def table_added(cx, s) -> bool:
         return False
     k = next(j for j, i in enumerate(ins) if i not in cx.table_views)
     src, ops, shape, batched, table = cx.table_views[ins[1 - k]]
+    if ins[k] in cx.merged_consts:
+        return _added_to_windows(cx, s, k)
     v = cx.lz(ins[k])
     if not batched or ins[k] in cx.table_views or [d for d in v.sizes()[1:]] != list(shape):
         raise BuildError(f"{where(node)}: parameter {table!r} read at constant indices (ONNX shape "
@@ -71,11 +73,29 @@ def table_added(cx, s) -> bool:
                          f"[N, {', '.join(map(str, shape))}] (attention's scores), not to one of shape "
                          f"{v.sizes()}")
     x = cx.materialise(ins[k], "rows", op, where(node))[0]
+    rows, cols = cx.shapes[x]
     bias = f"{out}:table"
-    cx.view(node, src, ops + [("reshape", cx.shapes[x])], out=bias, name=f"{node.name}:table")
-    t = f"{out}:rows"
+    windows = rows * cols // int(np.prod(shape))  # (the batch merged with windows: one bias for every window)
+    if windows > 1:  # (A, R / A, F) with a bias of (1, R / A, F), broadcast over the windows
+        cx.view(node, x, [("reshape", (windows, rows // windows, cols))], out=f"{x}:windows")
+        x, rows = f"{x}:windows", rows // windows
+    cx.view(node, src, ops + [("reshape", (1, rows, cols) if windows > 1 else (rows, cols))], out=bias,
+            name=f"{node.name}:table")
+    t = f"{out}:rows" if windows == 1 else f"{out}:per_window"
     cx.layers.append(elementwise_of(cx, node, t, a, [x, bias] if k == 0 else [bias, x]))
-    cx.set_lazy(out, ba.after_rows_op(t, v, cx.shapes[x][1]))
+    w = ba.after_rows_op(t, v, cols)
+    cx.set_lazy(out, ba.Lazy(t, [("reshape", w.fine)], w.fine, w.groups) if windows > 1 else w)
+    return True
+
+
+def _added_to_windows(cx, s, k) -> bool:
+    """A table view (the relative-position bias, [1, h, n, n]) plus a constant of every window (Swin's shifted-window
+    mask, [N * windows, 1, n, n]): kept as the pair (cx.window_biases), which the Add to the scores takes as two
+    (elementwise.py: on_merged_batch), the table view broadcast over the windows as table_added adds it."""
+    node, ins = s.node, s.ins
+    if s.op != "Add":
+        raise BuildError(f"{where(node)}: {s.op} of a table view and a constant of every window: only Add")
+    cx.window_biases[s.out] = (ins[1 - k], ins[k])
     return True
 
 
