@@ -14,16 +14,15 @@ from models import mlp_45_31_7
 texelfit = run_cli
 
 
-class _GRUNet(torch.nn.Module):
-    """A Linear into a GRU: an op texelfit does not support yet."""
+class _ProdNet(torch.nn.Module):
+    """A Linear into a product over its features (ONNX ReduceProd): an op texelfit does not support."""
 
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(45, 7)
-        self.gru = torch.nn.GRU(7, 3, batch_first=True)
 
     def forward(self, x):
-        return self.gru(self.lin(x).unsqueeze(1))[0].squeeze(1)
+        return self.lin(x).prod(1, keepdim=True)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +35,7 @@ def sources(tmp_path_factory):
     torch.jit.save(torch.jit.trace(m, torch.randn(2, 45)), d / "scripted.pt")
     torch.onnx.export(m, (torch.randn(2, 45),), str(d / "mlp.onnx"), dynamo=False, input_names=["x"],
                       output_names=["y"], dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
-    torch.onnx.export(_GRUNet(), (torch.randn(2, 45),), str(d / "gru.onnx"), dynamo=False,
+    torch.onnx.export(_ProdNet(), (torch.randn(2, 45),), str(d / "prod.onnx"), dynamo=False,
                       dynamic_axes={"input": {0: "n"}}, input_names=["input"])
     return d, m
 
@@ -75,7 +74,7 @@ def test_errors_are_one_clear_line(sources, tmp_path, error_case):
     d, _ = sources
     torch.save({"0.weight": torch.zeros(3, 3)}, tmp_path / "wrong.pt")
     args, words = {
-        "unsupported_op": ([str(d / "gru.onnx")], ["unsupported ONNX op GRU (from nn.GRU)", "/gru/GRU",
+        "unsupported_op": ([str(d / "prod.onnx")], ["unsupported ONNX op ReduceProd (from Tensor.prod)", "/ReduceProd",
                                                    "supported ops: Gemm"]),
         "missing_shape": (["models:mlp_45_31_7"], ["--input-shape is needed"]),
         "bad_weights": (["models:mlp_45_31_7", "--weights", str(tmp_path / "wrong.pt"), "--input-shape", "45"],
