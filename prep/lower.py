@@ -99,6 +99,10 @@ class LowerCtx:
             raise BuildError(f"the shape of tensor {name!r}{where} is not known at build time ({s})")
         return s
 
+    def declare(self, name: str, shape: tuple) -> None:
+        """The shape of a tensor a lowering writes, for a lowering it calls on it (ArgMax's CumSum)."""
+        self._shapes[name] = tuple(shape)
+
     def const(self, name: str):
         """The value of an initializer or a Constant node's output, else None."""
         return self._consts.get(name)

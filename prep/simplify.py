@@ -8,6 +8,8 @@ import os
 import sys
 import tempfile
 
+import numpy as np
+
 from .errors import BuildError
 from .recurrent_onnx import unroll_recurrent_nodes
 from .naming import PARAMETERS_KEY, SOURCE_KEY, STATE_KEYS_KEY, TIED_KEY, onnx_parameters, restore_state_dict_names, set_meta
@@ -46,6 +48,7 @@ def simplify(model, protect=()):
     that it cannot fold, merge or remove them for their values; they are initializers again after."""
     import onnxsim
 
+    model = _static_batch_reshapes(model)
     g = model.graph
     hidden = [init for init in g.initializer if init.name in set(protect)]
     if hidden:
@@ -67,6 +70,92 @@ def simplify(model, protect=()):
         for i in unread:
             simplified.graph.input.remove(i)
     return _constants_as_initializers(simplified)
+
+
+def _static_batch_reshapes(model):
+    """A Reshape of a tensor to [batch size, ...] where the batch size is computed from the inputs' shapes
+    (GPT-2's attention mask reshaped to [N, -1] by Gather(Shape(input_ids reshaped), 0)): to [-1, ...] with the rest
+    static, the same reshape (every input's first axis is the batch) whose output shape inference knows, so that
+    onnxsim folds what is computed from it (the keys' Range and the causal mask of transformers 5). Other Reshapes
+    are left as they are."""
+    import onnx
+    from onnx import numpy_helper
+
+    g = model.graph
+    inputs = {i.name: i for i in g.input if i.name not in {t.name for t in g.initializer}}
+    producer = {o: n for n in g.node for o in n.output}
+    consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    consts.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in g.node
+                   if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    shape_ops = {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Constant", "Cast", "Slice"}
+
+    def batch_size(t):  # computed from the inputs' shapes only, and the batch size at two batch sizes
+        nodes, todo, seen = [], [t], set()
+        while todo:
+            name = todo.pop()
+            if name in seen or name in inputs or name in consts and producer.get(name) is None:
+                continue
+            seen.add(name)
+            n = producer.get(name)
+            if n is None or n.op_type not in shape_ops:
+                return False
+            nodes.append(n)
+            todo.extend(n.input)
+        used = [i for i in inputs if any(i in n.input for n in nodes)]
+        dims = {i: [d.dim_value for d in inputs[i].type.tensor_type.shape.dim][1:] for i in used}
+        if not used or any(0 in d for d in dims.values()):
+            return False
+        sub = onnx.helper.make_model(onnx.helper.make_graph(
+            [n for n in g.node if id(n) in {id(m) for m in nodes}], "batch", [inputs[i] for i in used],
+            [onnx.helper.make_tensor_value_info(t, onnx.TensorProto.INT64, None)],
+            [i for i in g.initializer if any(i.name in n.input for n in nodes)]), opset_imports=model.opset_import)
+        try:
+            from onnx.reference import ReferenceEvaluator
+            run = ReferenceEvaluator(sub)
+            for batch in (2, 3):
+                feed = {i: np.zeros([batch] + dims[i], dtype=onnx.helper.tensor_dtype_to_np_dtype(
+                    inputs[i].type.tensor_type.elem_type)) for i in used}
+                if np.asarray(run.run(None, feed)[0]).reshape(-1).tolist() != [batch]:
+                    return False
+        except Exception:  # noqa: BLE001 (not a batch size it can tell)
+            return False
+        return True
+
+    found = []
+    for node in g.node:
+        concat = producer.get(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None
+        if concat is None or concat.op_type != "Concat" or any(i not in consts for i in concat.input[1:]) or \
+                not batch_size(concat.input[0]):
+            continue
+        rest = [int(v) for i in concat.input[1:] for v in np.asarray(consts[i]).reshape(-1)]
+        if rest.count(-1) <= 1 and 0 not in rest:
+            found.append((node, rest))
+    if not found:
+        return model
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 (then onnxsim sees the model as it is)
+        return model
+    batch = {i.type.tensor_type.shape.dim[0].dim_param for i in inputs.values() if i.type.tensor_type.shape.dim}
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                       for d in v.type.tensor_type.shape.dim]
+              for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    for node, rest in found:
+        shape = shapes.get(node.input[0], [None])
+        sample = shape[1:]  # (of a tensor whose first axis is the batch: not windows folded into it)
+        if shape[0] not in batch - {""} or not sample or not all(isinstance(d, int) for d in sample):
+            continue
+        size, known = int(np.prod(sample)), int(np.prod([d for d in rest if d != -1]))
+        if -1 in rest:
+            if known == 0 or size % known:
+                continue
+            rest[rest.index(-1)] = size // known
+        if int(np.prod(rest)) != size:
+            continue
+        name = f"{node.name or node.output[0]}/static_shape"
+        g.initializer.append(numpy_helper.from_array(np.asarray([-1] + rest, dtype=np.int64), name))
+        node.input[1] = name
+    return model
 
 
 @contextlib.contextmanager

@@ -44,6 +44,18 @@ FAMILIES = {
 BACKENDS = {"webgl": None, "cpu": {"backend": "cpu"}, "rgba8": {"precision": "rgba8"}}
 
 
+class GPT2Classifier(tf.GPT2ForSequenceClassification):
+    """GPT-2's classifier called (input_ids, attention_mask) as the others are (its forward takes past_key_values
+    second). It classifies by its last token that is not padding: an ArgMax of the ids that are not pad_token_id
+    (prep/lower_masks.py: _argmax_pick)."""
+
+    def forward(self, input_ids, attention_mask=None):
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+
+
+FAMILIES["gpt2"] = (GPT2Classifier, tf.GPT2Config, dict(n_embd=16, n_layer=2, n_head=2, pad_token_id=0))
+
+
 def classifier(family: str, perturbed: bool = True):
     """The family's classifier, random init (seeded); `perturbed`: every parameter moved off its init (HF's zero
     biases and unit LayerNorm weights would hide a bias or scale read from the wrong place)."""
@@ -61,16 +73,17 @@ def perturb(model):
     return model
 
 
-def data(batch, seed, types=False):
+def data(batch, seed, types=False, family=None):
     """Ids, masks of rows padded to different lengths (row 0 not at all, row 1 to one token), labels; with
-    `types`, token type ids (0 then 1 from a random point, as sentence pairs)."""
+    `types`, token type ids (0 then 1 from a random point, as sentence pairs). GPT-2's padded places hold its
+    pad_token_id (0), as a tokenizer pads: its classifier reads each row's last token that is not padding."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, V, (batch, T), generator=g)
     lengths = torch.randint(1, T + 1, (batch,), generator=g)
     lengths[0], lengths[1 % batch] = T, 1
     mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
     y = torch.randint(0, LABELS, (batch,), generator=g)
-    x = {"input_ids": ids, "attention_mask": mask}
+    x = {"input_ids": ids * mask if family == "gpt2" else ids, "attention_mask": mask}
     if types:
         x["token_type_ids"] = (torch.arange(T)[None, :] >= torch.randint(1, T, (batch, 1), generator=g)).long()
     return x, y
@@ -98,7 +111,7 @@ OP = """
 
 def check_forward_and_gradients(web, site, family, backend, *, types=False, batch=4):
     model = classifier(family)
-    x, y = data(batch, 1, types)
+    x, y = data(batch, 1, types, family)
     compare(web, build(site, f"hf_{family}_{backend}_{types}", model, tuple(x)), model, x, y, family, BACKENDS[backend])
 
 
@@ -168,7 +181,7 @@ FIT = """
 """
 
 
-@pytest.mark.parametrize("family", ["bert", "distilbert", "roberta"])
+@pytest.mark.parametrize("family", ["bert", "distilbert", "roberta", "gpt2"])
 def test_sgd_steps_from_a_fresh_init_are_pytorchs(web, site, family):
     """Three SGD steps (momentum, weight decay) from the family's own init (zero biases, unit LayerNorm weights),
     dropout off (the exported dropout modules would apply it in fit, as model.train() does). Not Adam: the key
@@ -176,7 +189,7 @@ def test_sgd_steps_from_a_fresh_init_are_pytorchs(web, site, family):
     so its float32 gradient is rounding noise, whose sign Adam turns into steps of lr either way: its trajectory
     would compare two roundings, in the browser and in PyTorch, not two trainings."""
     model = classifier(family, perturbed=False)
-    x, y = data(9, 2)
+    x, y = data(9, 2, family=family)
     check_sgd_steps(web, build(site, f"hf_fit_{family}", model), family, model, x, y)
 
 
@@ -199,19 +212,21 @@ def check_sgd_steps(web, url, family, model, x, y):
         assert_close(f"{family} {name} after {len(losses)} steps", got["weights"][name], p.detach().numpy(), **TRAJ_W)
 
 
-def test_bert_exported_to_onnx_by_its_user_builds(web, site, tmp_path):
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_a_classifier_exported_to_onnx_by_its_user_builds(web, site, tmp_path, family):
     """torch.onnx.export at opset 17, as a user writes it; with its state_dict (--weights) the parameters get
     their names back, and predict and every gradient are PyTorch's."""
-    model = classifier("bert")
-    x, y = data(4, 3)
-    x["input_ids"].clamp_(min=1)  # (an ONNX file has no padding_idx: row 0 would train here and not in PyTorch)
-    path, weights = str(tmp_path / "bert.onnx"), str(tmp_path / "bert.pt")
+    model = classifier(family)
+    x, y = data(4, 3, family=family)
+    if family == "bert":  # (an ONNX file has no padding_idx: row 0 would train here and not in PyTorch)
+        x["input_ids"].clamp_(min=1)
+    path, weights = str(tmp_path / f"{family}.onnx"), str(tmp_path / f"{family}.pt")
     torch.onnx.export(model, (x["input_ids"][:2], x["attention_mask"][:2]), path, dynamo=False, opset_version=17,
                       input_names=["input_ids", "attention_mask"], output_names=["logits"],
                       dynamic_axes={"input_ids": {0: "n"}, "attention_mask": {0: "n"}, "logits": {0: "n"}})
     torch.save(model.state_dict(), weights)
     result = compile_onnx(load_onnx(path, weights=weights), name="model", input_shape=[(T,), (T,)], max_batch=8)
-    compare(web, f"{site.add_files('hf_onnx_file', result.files)}/model.js", model, x, y, "bert.onnx")
+    compare(web, f"{site.add_files(f'hf_onnx_file_{family}', result.files)}/model.js", model, x, y, f"{family}.onnx")
 
 
 def test_albert_trains_its_shared_layer_as_one_tensor(web, site):
@@ -283,3 +298,41 @@ def test_the_cli_builds_a_classifier_as_loaded(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "bert_classifier.js").exists()
     assert "Traceback" not in r.stderr and "failed to run" not in r.stderr, r.stderr
+
+
+class GPT2LM(torch.nn.Module):
+    """GPT-2 with its language-model head as loaded (its head tied to the token embedding), called (input_ids,
+    attention_mask): [N, T, V] logits under the causal and padding mask transformers 5 builds (a Range over the batch
+    through a Reshape that shape inference loses: prep/lower_masks.py)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.m = perturb(tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=V, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                                                          attn_implementation="eager")).eval())
+
+    def forward(self, input_ids, attention_mask):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+@pytest.mark.parametrize("backend", ["webgl", "cpu"])
+def test_gpt2s_language_model_head_as_loaded(web, site, backend):
+    """Every token's logits, and every gradient of the mean squared error against random targets (padded rows
+    too: their keys are masked), as PyTorch's."""
+    model = GPT2LM()
+    x, _ = data(3, 4)
+    target = torch.randn(3, T, V, generator=torch.Generator().manual_seed(5))
+    url = build(site, f"hf_gpt2_lm_{backend}", model)
+    got = run_model(web, url, """
+        const x = Object.fromEntries(Object.entries(args.x).map(([k, v]) => [k, Int32Array.from(v)]));
+        const y = new Float32Array(args.y);
+        return { out: Array.from(await m.predict(x, 3)), grads: arr(await m.gradients(x, y, { loss: 'mse' })) };
+    """, {"x": js_inputs(x), "y": target.reshape(-1).tolist()}, BACKENDS[backend])
+    model.zero_grad()
+    out = model(**x)
+    F.mse_loss(out, target).backward()
+    assert_close("gpt2 lm forward", got["out"], out.detach().numpy(), **FWD)
+    named = dict(model.named_parameters())
+    assert sorted(got["grads"]) == sorted(named)
+    for name, p in named.items():
+        assert_close(f"gpt2 lm d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)

@@ -17,7 +17,8 @@ from .registry import ANY, imports
 
 # only on constants and shape values (Expand and ConstantOfShape also to a batch of one constant sample:
 # an operand of Concat)
-SHAPE_ONLY = ("Shape", "Gather", "Cast", "Equal", "Where", "Expand", "ConstantOfShape", "GatherElements", "Range")
+SHAPE_ONLY = ("Shape", "Gather", "Cast", "Equal", "Where", "Expand", "ConstantOfShape", "GatherElements", "Range",
+              "Less", "LessOrEqual", "Greater", "GreaterOrEqual")  # (GPT-2's causal mask: kv_idx <= q_idx)
 
 
 @imports("Constant")

@@ -24,6 +24,9 @@ _NUMPY_FOLD = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _in
                "Pow": np.power}
 
 
+_COMPARE = {"Less": np.less, "LessOrEqual": np.less_equal, "Greater": np.greater, "GreaterOrEqual": np.greater_equal}
+
+
 def _batch_arithmetic(node, op, vals):
     """Mul and Div of shape values holding the batch: N * 4 is "N*4" (windows folded into the batch), "N*4" / 4 is
     N again, "N*4" / N is 4; anything else of the batch (N * N, N + 1, 4 / N) is an error naming the node."""
@@ -113,6 +116,8 @@ def fold(node, op, a, vals):
         if op == "Range" and not any(isinstance(v, (list, str)) for v in vals):
             start, limit, delta = (np.asarray(v).reshape(-1)[0] for v in vals)
             return np.arange(start, limit, delta, dtype=np.result_type(start, limit, delta))
+        if op in _COMPARE and not any(isinstance(v, list) for v in vals):
+            return _COMPARE[op](*[np.asarray(v) for v in vals])
         if op in ("And", "Or", "Xor", "Not") and not any(isinstance(v, list) for v in vals):
             fn = {"And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor, "Not": np.logical_not}[op]
             return fn(*[np.asarray(v, dtype=bool) for v in vals])
