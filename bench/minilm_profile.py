@@ -1,10 +1,15 @@
-"""Where texelfit's MiniLM embedding of 16 sentences goes (issue 19 diagnostic, not a test).
+"""Where texelfit's MiniLM embedding of 16 sentences goes (issue 19 diagnostic, not a test), and with --head where
+a head step on cached embeddings goes (issue 35: the fixed cost of a step).
 
-    .venv/bin/python bench/minilm_profile.py       # writes bench/results/minilm_profile.json
+    .venv/bin/python bench/minilm_profile.py          # writes bench/results/minilm_profile.json
+    .venv/bin/python bench/minilm_profile.py --head   # writes bench/results/minilm_head_profile.json
 
 Builds the head-trainable bundle as bench/minilm.py does (32 tokens), opens one page, runs
 features(16) twice, times a third (wall-clock), then profiles a fourth with every draw synced
 (bench/pages/common.js: profileGl): per kernel, calls and synced ms; and the same grouped by op.
+--head: bench/minilm.py's head row (fit on the 16 cached embeddings, cacheTrunk, Adam, batch 8, 20 epochs), timed
+and profiled from its first step on (each fit caches the encoder's output before it): per kernel and per upload
+(texSubImage2D) and readback, calls and ms a step, and the wall-clock a step beside the synced draws' sum.
 """
 from __future__ import annotations
 
@@ -34,8 +39,48 @@ JS = """async (a) => {
 }"""
 
 
+HEAD_JS = """async (a) => {
+  const { profileGl, loadI32 } = await import(a.url + '/pages/common.js');
+  const mod = await import(a.url + '/bundles/head/minilm.js');
+  const m = await mod.createModel();
+  const ids = await loadI32(a.url + '/data/input_ids.bin'), mask = await loadI32(a.url + '/data/attention_mask.bin');
+  const y = await loadI32(a.url + '/data/y.bin');
+  const x = { input_ids: ids, attention_mask: mask }, n = ids.length / a.tokens;
+  // one fit; from the first onStep (step 0 issued, the encoder's output cached) to the end: the steps alone
+  const fit = async (live) => {
+    let first = null;
+    await m.fit(x, y.subarray(0, n), {
+      batchSize: a.batch, epochs: a.epochs, shuffle: true, seed: 1, cacheTrunk: true, optimizer: a.optimizer,
+      onStep: () => { if (first === null) first = { t: performance.now(), kernels: structuredClone(live?.byKernel ?? {}) }; },
+    });
+    return { ms: performance.now() - first.t, before: first.kernels };
+  };
+  await fit(null);  // (compiles every kernel the steps use)
+  const wall = await fit(null);
+  const live = {};
+  let profiled = null;
+  const p = await profileGl(async () => { profiled = await fit(live); }, 1, live);
+  m.dispose();
+  const steps = Math.ceil(n / a.batch) * a.epochs - 1;  // (after the first onStep)
+  const perStep = Object.entries(p.byKernel).map(([k, v]) => {
+    const b = profiled.before[k] ?? { calls: 0, ms: 0 };
+    return [k, (v.calls - b.calls) / steps, (v.ms - b.ms) / steps];
+  }).filter(([, calls, ms]) => calls > 0 || ms > 0.005).sort((u, v) => v[2] - u[2]);
+  return { steps, wallMsPerStep: wall.ms / steps, profiledMsPerStep: profiled.ms / steps, syncMs: p.syncMs, perStep };
+}"""
+
+
+def head(r) -> dict:
+    draws = [row for row in r["perStep"] if not row[0].startswith("(")]
+    return dict(r, drawsPerStep=sum(row[1] for row in draws), drawMsPerStep=sum(row[2] for row in draws))
+
+
 def main():
     from playwright.sync_api import sync_playwright
+
+    if "--head" in sys.argv[1:]:  # (--head EPOCHS: another number of epochs than 20)
+        i = sys.argv.index("--head")
+        return main_head(sync_playwright, *[int(v) for v in sys.argv[i + 1:i + 2] if v.isdigit()])
     _, compile_onnx, export_simplified = b.common.use_texelfit(None, None)
     with tempfile.TemporaryDirectory() as site:
         b.prepare(site, compile_onnx, lambda m: export_simplified(m, [(b.TOKENS,), (b.TOKENS,)], b.NAMES, "int64"),
@@ -66,6 +111,30 @@ def main():
         print(f"  {k:32s} {v:7.0f} ms  {share:5.1%}")
     for k, v in r["kernels"][:15]:
         print(f"    {v['ms']:7.0f} ms {v['calls']:4d} calls  {k}")
+
+
+def main_head(sync_playwright, epochs=20):
+    _, compile_onnx, export_simplified = b.common.use_texelfit(None, None)
+    with tempfile.TemporaryDirectory() as site:
+        b.prepare(site, compile_onnx, lambda m: export_simplified(m, [(b.TOKENS,), (b.TOKENS,)], b.NAMES, "int64"),
+                  [], ["texelfit"])
+        httpd, url = b.common.serve(site)
+        with sync_playwright() as p:
+            br = p.chromium.launch(executable_path=b.common.CHROMIUM, headless=True, args=b.common.CHROMIUM_ARGS)
+            page = br.new_page()
+            page.goto(url + "/pages/minilm_texelfit.html")
+            page.wait_for_function("window.benchReady === true")
+            r = head(page.evaluate(HEAD_JS, {"url": url, "tokens": b.TOKENS, "batch": b.BATCH, "epochs": epochs,
+                                             "optimizer": b.e.ADAM}))
+            br.close()
+        httpd.shutdown()
+    with open(os.path.join(b.ROOT, "bench", "results", "minilm_head_profile.json"), "w") as f:
+        json.dump(r, f, indent=1)
+        f.write("\n")
+    print(f"head step (batch {b.BATCH}, Adam, cached embeddings; {r['steps']} steps): {r['wallMsPerStep']:.1f} ms "
+          f"wall-clock, {r['drawsPerStep']:.1f} draws {r['drawMsPerStep']:.1f} ms synced (sync {r['syncMs']:.2f} ms)")
+    for k, calls, ms in r["perStep"]:
+        print(f"  {ms:7.2f} ms {calls:5.1f} calls  {k}")
 
 
 if __name__ == "__main__":

@@ -144,7 +144,9 @@ def test_shipped_runtime_is_compact(factory, shape):
     ring; the one-output bundle takes outputs_single.js, 0.5 KB smaller than outputs_multi.js) +142 bytes (37,439 ->
     37,581): the budget is raised by that, to 37,600; the float16 tier's saturating writes (OUT_WRITE, one macro
     for the RGBA8 and half-float outputs of every kernel: transformers' masks were NaN in that tier) +44 bytes
-    (37,625): the budget is 37,650.
+    (37,625): the budget is 37,650; a fit's block readback reads what the fit writes, not the frozen weights too
+    (stateTextureNames(fit): a MiniLM head step's 250 ms a block of reading back the encoder) +44 bytes (37,642 ->
+    37,686): the budget is 37,700.
     The opening comment and each shader's kernel-name line stay."""
     import gzip
 
@@ -155,7 +157,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_650
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_700
 
 
 def test_compact_js_keeps_strings_and_template_literals():

@@ -70,13 +70,15 @@ export function median(xs) {
 // one such round trip. Uploads and readbacks are timed as issued (no sync). Programs are named by
 // the "texelfit kernel: NAME" comment of their fragment shader. With `repeat` > 1 each draw is issued
 // that many times between the two readPixels (the same inputs and outputs, so the same result) and
-// its time is divided by `repeat`: the round trip then weighs 1/repeat as much.
-export async function profileGl(fn, repeat = 1) {
+// its time is divided by `repeat`: the round trip then weighs 1/repeat as much. `live`: an object given
+// the per-kernel record as it fills (live.byKernel), for a caller that reads it mid-run.
+export async function profileGl(fn, repeat = 1, live = null) {
   const P = WebGL2RenderingContext.prototype;
   const saved = { drawArrays: P.drawArrays, texSubImage2D: P.texSubImage2D, readPixels: P.readPixels,
                   useProgram: P.useProgram };
   const names = new WeakMap();
   const byKernel = {};
+  if (live) live.byKernel = byKernel;
   const px = new Float32Array(4);
   let current = '?';
   let syncs = 0;

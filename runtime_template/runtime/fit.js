@@ -202,7 +202,9 @@ async function train(s, { xs, losses: lossSpec, samples, opt, mu, batchSize, epo
 // `gpuFail` instead: neither the losses nor the snapshot are taken, since either may be garbage.
 async function readBlock(s, end, losses, lossSpec, fail, gpuFail) {
   const rings = lossRings(s.gpu); // (each output's: outputs_multi.js)
-  const recs = [...rings, ...stateRecs(s)];
+  // what a fit changes: the frozen weights (a trunk of millions) are the latest snapshot's, read again
+  // only when something else writes them (setWeights, a restore: resnapshot)
+  const recs = [...rings, ...stateRecs(s, true)];
   const { step: optStep, type: optimizer, buffered } = s.optimizer;
   let data;
   try {
@@ -225,13 +227,13 @@ async function readBlock(s, end, losses, lossSpec, fail, gpuFail) {
       break;
     }
   }
-  const snap = { fitStep: end, optStep, optimizer, buffered, data: new Map() };
+  const snap = { fitStep: end, optStep, optimizer, buffered, data: new Map(s.snapshot.data) };
   recs.slice(rings.length).forEach((rec, i) => snap.data.set(rec.spec.name, data[i + rings.length]));
   // the snapshot taken at `first` is good if the loss computed from its weights is finite
   if (Number.isFinite(losses[first]) && s.snapshot && s.snapshot.fitStep === first) {
     s.confirmed = s.snapshot;
   }
-  if (finite && [...snap.data.values()].every(isFiniteData)) {
+  if (finite && data.slice(rings.length).every(isFiniteData)) {
     s.snapshot = snap;
     if (end === losses.length) { // the end of the fit: nothing follows
       s.confirmed = snap;

@@ -194,11 +194,13 @@ async function gpuDone(gl, sync) {
 }
 
 // The textures that hold what training changes: weights and optimizer state. A frozen parameter
-// (build --trainable) has its weight alone: a snapshot holds it too, for a context restored.
-function stateTextureNames() {
+// (build --trainable) has its weight alone: a snapshot holds it too, for a context restored. `fit`:
+// only what a fit writes (a frozen trunk of millions of weights stays the last snapshot's).
+function stateTextureNames(fit = false) {
+  const trained = new Set(MODEL.params.filter((p) => p.trainable).map((p) => p.texture));
   const names = [];
   for (const p of MODEL.params) {
-    names.push(p.texture);
+    if (!fit || trained.has(p.texture)) names.push(p.texture);
     if (p.trainable) names.push('m:' + p.name, 'v:' + p.name);
   }
   return names;

@@ -2,8 +2,8 @@
 // Functions of a model's state `s` (model.js: modelState). A snapshot is { fitStep, optStep, optimizer,
 // buffered, data: texture name -> texel data }.
 
-function stateRecs(s) {
-  return stateTextureNames().map((n) => s.gpu.textures.get(n));
+function stateRecs(s, fit = false) {
+  return stateTextureNames(fit).map((n) => s.gpu.textures.get(n));
 }
 
 // Read weights and optimizer state back (asynchronously); null if the context was lost.
