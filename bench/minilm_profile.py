@@ -75,12 +75,8 @@ def head(r) -> dict:
     return dict(r, drawsPerStep=sum(row[1] for row in draws), drawMsPerStep=sum(row[2] for row in draws))
 
 
-def main():
-    from playwright.sync_api import sync_playwright
-
-    if "--head" in sys.argv[1:]:  # (--head EPOCHS: another number of epochs than 20)
-        i = sys.argv.index("--head")
-        return main_head(sync_playwright, *[int(v) for v in sys.argv[i + 1:i + 2] if v.isdigit()])
+def evaluate(sync_playwright, js, args):
+    """`js` run in the texelfit MiniLM page, the head-trainable bundle built as bench/minilm.py builds it."""
     _, compile_onnx, export_simplified = b.common.use_texelfit(None, None)
     with tempfile.TemporaryDirectory() as site:
         b.prepare(site, compile_onnx, lambda m: export_simplified(m, [(b.TOKENS,), (b.TOKENS,)], b.NAMES, "int64"),
@@ -91,9 +87,19 @@ def main():
             page = br.new_page()
             page.goto(url + "/pages/minilm_texelfit.html")
             page.wait_for_function("window.benchReady === true")
-            r = page.evaluate(JS, {"url": url, "tokens": b.TOKENS})
+            r = page.evaluate(js, dict(args, url=url))
             br.close()
         httpd.shutdown()
+    return r
+
+
+def main():
+    from playwright.sync_api import sync_playwright
+
+    if "--head" in sys.argv[1:]:  # (--head EPOCHS: another number of epochs than 20)
+        i = sys.argv.index("--head")
+        return main_head(sync_playwright, *[int(v) for v in sys.argv[i + 1:i + 2] if v.isdigit()])
+    r = evaluate(sync_playwright, JS, {"tokens": b.TOKENS})
     total = sum(v["ms"] for _, v in r["kernels"])
     groups = {}
     for k, v in r["kernels"]:
@@ -114,20 +120,8 @@ def main():
 
 
 def main_head(sync_playwright, epochs=20):
-    _, compile_onnx, export_simplified = b.common.use_texelfit(None, None)
-    with tempfile.TemporaryDirectory() as site:
-        b.prepare(site, compile_onnx, lambda m: export_simplified(m, [(b.TOKENS,), (b.TOKENS,)], b.NAMES, "int64"),
-                  [], ["texelfit"])
-        httpd, url = b.common.serve(site)
-        with sync_playwright() as p:
-            br = p.chromium.launch(executable_path=b.common.CHROMIUM, headless=True, args=b.common.CHROMIUM_ARGS)
-            page = br.new_page()
-            page.goto(url + "/pages/minilm_texelfit.html")
-            page.wait_for_function("window.benchReady === true")
-            r = head(page.evaluate(HEAD_JS, {"url": url, "tokens": b.TOKENS, "batch": b.BATCH, "epochs": epochs,
-                                             "optimizer": b.e.ADAM}))
-            br.close()
-        httpd.shutdown()
+    r = head(evaluate(sync_playwright, HEAD_JS, {"tokens": b.TOKENS, "batch": b.BATCH, "epochs": epochs,
+                                                 "optimizer": b.e.ADAM}))
     with open(os.path.join(b.ROOT, "bench", "results", "minilm_head_profile.json"), "w") as f:
         json.dump(r, f, indent=1)
         f.write("\n")
