@@ -633,6 +633,11 @@ def test_an_update_after_its_round_closed_is_not_aggregated(tmp_path):
         for t, tk in ((a, ta2), (b, tb2)):
             assert post(url, "update", t, *update(tk, da, 100))[1]["ok"] is True
         fed.wait(30)
+        assert task(url, a)["done"] is True
+        # a heartbeat a page's timer sent while that task call was answered: not refused (CI saw a 401 there)
+        assert post(url, "alive", a) == (200, {"done": True})
+        assert post(url, "alive", "forged")[0] == 401
+        assert post(url, "task", a)[0] == 401  # the session itself is gone
     finally:
         bridge.close()
     assert any("came after the round closed" in line for line in lines)

@@ -117,8 +117,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if path == "/federation/task":
                 return self._json(200, self.fed.pull(token))
             if path == "/federation/alive":
-                self.fed.alive(token)
-                return self._json(200, {})
+                return self._json(200, self.fed.heartbeat(token))
             if path == "/federation/leave":
                 self.fed.leave(token)
                 return self._json(200, {})

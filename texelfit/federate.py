@@ -99,6 +99,7 @@ class Federation:
                                     for n in self.names})
         self.lock = threading.Lock()
         self.sessions: dict[str, Session] = {}
+        self.told_over: set[str] = set()  # the tokens of sessions a task answer told the federation is over
         self.joined = 0
         self.round = 0
         self.contributors: dict[int, list[int]] = {}  # round -> the session numbers whose update went in
@@ -194,6 +195,14 @@ class Federation:
         self.state.acknowledge_node_heartbeat(s.node_id, self.settings.heartbeat)
         return s
 
+    def heartbeat(self, token: str) -> dict:
+        """A page's heartbeat. One its timer sent while its last task call was being told the federation is over
+        is answered {done}, not refused: the page did nothing wrong."""
+        if token in self.told_over:
+            return {"done": True}
+        self.alive(token)
+        return {}
+
     def leave(self, token: str) -> None:
         s = self._session(token)
         with self.lock:
@@ -210,6 +219,7 @@ class Federation:
             if self.done.is_set():
                 with self.lock:
                     self.sessions.pop(token, None)  # told: the page is out
+                    self.told_over.add(token)
                 return {"done": True, **self._weights(self.global_weights if self.error is None else None)}
             msgs = self.state.get_message_ins(node_id=s.node_id, limit=1)
             if msgs:
