@@ -21,6 +21,7 @@ from texelfit.prep.quantize import VERSION as WEIGHTS_VERSION
 
 from .kernels import UNIFORM_TYPES, render_common, template_env
 from .memory import plan_memory, plan_storage, planned_peak
+from .kl_wgsl import WORKGROUP
 from .schedule import Schedule, serialize
 
 VERSION = "0.1.0"
@@ -67,21 +68,24 @@ def architecture_fingerprint(graph: Graph) -> str:
 def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule, max_batch: int,
                   default_loss: str, weights: Quantized | None = None, storage: dict[str, int] | None = None,
                   image: dict | None = None, weights_file: bool = False, tokenizer: dict | None = None,
-                  memory: dict | None = None, transfer_piece_bytes: int = TRANSFER_PIECE_BYTES) -> dict:
+                  memory: dict | None = None, transfer_piece_bytes: int = TRANSFER_PIECE_BYTES,
+                  webgpu: bool = False) -> dict:
     """`weights`: the encoded blob of graph's params (prep.quantize); float32 when not given. `storage`:
     the shared storage of each texture that shares one (codegen/memory.py); planned here when not given.
     `image`: the image input's preprocessing (texelfit.build.image_input), or None. `weights_file`: the
     blob goes into NAME.weights.bin (the bundle carries its name, length and CRC-32) instead of inline.
     `tokenizer`: {"record": MODEL.tokenizer, "vocab": the tokens} (texelfit/tokenizer.py), or None: no fromText.
     `memory`: the planned memory (codegen/memory.py: plan_memory); planned here when not given.
-    `transfer_piece_bytes`: TRANSFER_PIECE_BYTES (tests make it small, so that small models go in pieces)."""
+    `transfer_piece_bytes`: TRANSFER_PIECE_BYTES (tests make it small, so that small models go in pieces).
+    `webgpu`: the bundle carries its kernels as WGSL too (build --webgpu), and runs on WebGPU (runtime/webgpu.js)."""
     if storage is None:
         storage = plan_storage(plan, schedule)
     if memory is None:
         memory = plan_memory(plan, storage, outputs=[plan.tensor(o) for o in graph.outputs],
                              inputs=[plan.tensor(t) for t in graph.inputs], parameters=graph.parameter_count(),
                              trains=bool(graph.trainable_params()))
-    kernels, sched, generated = serialize(schedule, list(plan.textures))
+    wgsl_modules: list[str] | None = [] if webgpu else None
+    kernels, sched, generated = serialize(schedule, list(plan.textures), wgsl_modules)
     if weights is None:
         weights = quantize(graph, "none")
     assert [t.name for t in weights.tensors] == list(graph.params), "the blob must hold the graph's params in order"
@@ -114,6 +118,7 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "fingerprint": architecture_fingerprint(graph),  # scopes checkpoints (checkpoint.js)
         "defaultLoss": default_loss,
         "parameters": graph.parameter_count(),
+        **({"webgpu": True} if webgpu else {}),  # WGSL kernels (build --webgpu): createModel({ backend: 'webgpu' })
         "forwardMacs": sum(graph.macs(layer) for layer in graph.layers),  # per sample (predict reads by it)
         # sample-blocked passes (ops/common.py: blockable): samples a fragment, and the batch they run from
         "sampleBlock": SAMPLE_BLOCK,
@@ -166,6 +171,10 @@ def model_context(name: str, graph: Graph, plan: LayoutPlan, schedule: Schedule,
         "has_dropout": bool(model.get("dropout")),  # dropout layers: bundle.js.j2 adds dropout.js (each step's masks)
         # the CPU functions of the kernels written in the kernel language (codegen/kl_print.py)
         "cpu_generated": generated,
+        # the WGSL modules (codegen/kl_wgsl.py) a kernel's `wgsl` indexes, and their workgroup size (build --webgpu)
+        "webgpu": webgpu,
+        "wgsl_json": _js_json(wgsl_modules or []),
+        "wgsl_workgroup": WORKGROUP,
         "transfer_piece_bytes": transfer_piece_bytes,
         "aliases": bool(graph.aliases),
         "glsl_common_json": _js_json(render_common()),

@@ -39,6 +39,7 @@ from texelfit.prep.errors import BuildError
 from . import ops
 from .kernels import Kernel, Pass, render_kernel, source_id
 from .kl_print import js
+from .kl_wgsl import struct_fields, wgsl
 
 
 @dataclass
@@ -125,15 +126,25 @@ def build_schedule(graph: Graph, plan: LayoutPlan) -> Schedule:
 MAX_INPUTS = 15
 
 
-def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict, list[dict]]:
+def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None = None) -> tuple[list[dict], dict, list[dict]]:
     """Kernels deduplicated by source hash, and the schedule referring to them by index, and to
     the textures by their index in `textures` (the bundle's TEXTURES: names are long, and every
     pass lists several); and the CPU functions printed from the kernels (codegen/kl_print.py), once each, for
-    CPU_GENERATED."""
+    CPU_GENERATED. `webgpu`: a list the kernels' WGSL modules are appended to, once each (the bundle's WGSL),
+    a kernel's `wgsl` being [its index there, its uniform struct's fields, its outputs] (codegen/kl_wgsl.py); None: no WGSL."""
     kernels: list[dict] = []
     index: dict[str, int] = {}
     tex = {name: i for i, name in enumerate(textures)}
     generated: dict[str, str] = {}
+    wgsl_index: dict[str, int] = {}
+
+    def wgsl_ref(k: Kernel, inputs: list[str], outputs: int) -> list:
+        """The kernel as WGSL reading `inputs` (the CPU function's, in its order) into `outputs` targets."""
+        code = wgsl(k.kl, inputs, outputs)
+        if code not in wgsl_index:
+            wgsl_index[code] = len(webgpu)
+            webgpu.append(code)
+        return [wgsl_index[code], [[n, t] for n, t in struct_fields(k.kl, inputs)], outputs]
 
     def kernel_ref(k: Kernel) -> int:
         src = render_kernel(k)
@@ -151,6 +162,9 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
             fn = js(k.kl, (["G"] + list(k.inputs[len(g.inputs):])) if g else _generic_inputs(k),
                     len(k.kl.written) if k.routine else k.outputs)
             record["cpu"] = source_id(fn)[:10]
+            if webgpu is not None:  # the same generic kernel as a compute shader (runtime/webgpu.js runs it as the CPU its function)
+                record["wgsl"] = wgsl_ref(k, (["G"] + list(k.inputs[len(g.inputs):])) if g else _generic_inputs(k),
+                                          len(k.kl.written) if k.routine else k.outputs)
             record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
             # a routine's sample blocking (webgl2/blocking.py): the CPU computes the generic kernel, then deals it out
             record["consts"].update({n: k.consts[n] for n in _LAID_OUT if n in k.consts and k.routine})
@@ -164,6 +178,8 @@ def serialize(schedule: Schedule, textures: list[str]) -> tuple[list[dict], dict
                 record["consts"] = {n: v for n, v in sorted(g.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", gfn)}
                 record["consts"].update({n: g.consts[n] for n in _LAID_OUT if n in g.consts and g.routine})
                 generated[record["gradient"]["cpu"]] = gfn
+                if webgpu is not None:
+                    record["gradient"]["wgsl"] = wgsl_ref(g, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
             kernels.append(record)
         return index[sid]
 

@@ -30,6 +30,15 @@ def build_module(site, folder: str, module: torch.nn.Module, input_shape, *, max
     return f"{url}/{name}.js"
 
 
+def _for_backend(options) -> dict:
+    """The build options createModel's `options` need: WGSL for the webgpu backend (build --webgpu)."""
+    return {"webgpu": True} if (options or {}).get("backend") == "webgpu" else {}
+
+
+def _suffix(options) -> str:
+    return "_webgpu" if _for_backend(options) else ""
+
+
 def exported_as_a_file(module, input_shape, input_dtype="float32"):
     """What `texelfit build model.onnx --weights state.pt` builds from: torch.onnx.export at opset 17 as a user writes
     it (the batch dynamic), simplified with the state_dict, which names back the initializers the exporter renamed."""
@@ -202,8 +211,9 @@ def check_training(web, site, factory, shape, opt_name, loss, *, samples, batch_
         trainable = ",".join(n for n in names if n not in held)
         for n, p in module.named_parameters():
             p.requires_grad_(n not in held)
-    url = build_module(site, f"train_{factory.__name__}_{max_batch}", module, shape, max_batch=max_batch,
-                       input_dtype="int64" if ids else "float32", trainable=trainable, onnx_file=onnx_file)
+    url = build_module(site, f"train_{factory.__name__}_{max_batch}{_suffix(options)}", module, shape,
+                       max_batch=max_batch, input_dtype="int64" if ids else "float32", trainable=trainable,
+                       onnx_file=onnx_file, **_for_backend(options))
     x = torch.randint(0, ids, (samples,) + tuple(shape)) if ids else torch.randn((samples,) + tuple(shape))
     out_shape = tuple(module(x[:1]).shape[1:])
     if loss == "cross_entropy":
@@ -280,8 +290,8 @@ def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0
     else:
         y = torch.randn((batch,) + tuple(out_shape), generator=g)
         y_js = y.reshape(-1).tolist()
-    url = build_module(site, f"op_{case}", module, shape, input_dtype="int64" if ids else "float32", max_batch=max_batch,
-                       transform=transform, onnx_file=onnx_file)
+    url = build_module(site, f"op_{case}{_suffix(options)}", module, shape, input_dtype="int64" if ids else "float32",
+                       max_batch=max_batch, transform=transform, onnx_file=onnx_file, **_for_backend(options))
     got = run_model(web, url, """
         const x = args.ids ? Int32Array.from(args.x) : new Float32Array(args.x);
         const y = args.loss === 'cross_entropy' ? Int32Array.from(args.y) : new Float32Array(args.y);

@@ -138,7 +138,7 @@ def test_info_lifecycle_and_checkpoints_on_cpu(web, mlp_bundle):
     assert got["steps"] == 30
     assert got["loss"] == got["reference"] and got["sameWeights"], "pause/resume changed the run"
     assert got["sameRestored"] and got["sameAfter"]
-    assert got["bad"]["code"] == "bad-option" and "webgpu" in got["bad"]["message"]
+    assert got["bad"]["code"] == "no-webgpu" and "--webgpu" in got["bad"]["message"]  # (a bundle without WGSL)
 
 
 # A page where WebGL2 is missing (canvases give no webgl2 context): createModel() picks the CPU.

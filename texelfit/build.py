@@ -63,7 +63,8 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
                  eval_data: Data | None = None, progress: bool = False, trainable: str = "*",
                  input_normalize: str = "none", weights_file: bool | None = None,
                  input_dtype: str | None = None, tokenizer: str | None = None,
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET, transfer_piece_bytes: int | None = None) -> BuildResult:
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, transfer_piece_bytes: int | None = None,
+                 webgpu: bool = False) -> BuildResult:
     """`max_batch`: `--max-batch`; None (not given): DEFAULT_MAX_BATCH, or the largest batch below it whose
     planned memory (codegen/memory.py: plan_memory) fits `memory_budget` bytes (`--memory-budget`), the
     report saying so (report["memory"]["reduced_from"]). `input_normalize`: `--input-normalize`
@@ -73,7 +74,8 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
     declares). `tokenizer`: `--tokenizer PATH` (texelfit/tokenizer.py), a vocab.txt or a folder holding one:
     the bundle gets m.fromText; the vocabulary always goes into NAME.js, also beside a weights file (text,
     a few hundred KB, needed before the weights are). `transfer_piece_bytes`: the most bytes the runtime
-    moves in one upload or readback buffer (codegen/render.py: TRANSFER_PIECE_BYTES when None; for tests)."""
+    moves in one upload or readback buffer (codegen/render.py: TRANSFER_PIECE_BYTES when None; for tests).
+    `webgpu`: `--webgpu`, the kernels as WGSL too: the bundle runs on WebGPU (createModel({ backend: 'webgpu' }))."""
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BuildError(f"--name {name!r} must be letters, digits, '-' and '_' only")
     if max_batch is not None and (not isinstance(max_batch, int) or not 1 <= max_batch <= 4096):
@@ -142,7 +144,7 @@ def compile_onnx(model, *, name: str, input_shape=None, max_batch: int | None = 
         weights_file = len(weights.blob) > WEIGHTS_FILE_BYTES
     text = {"record": tok.record(length), "vocab": tok.vocab} if tok is not None else None
     ctx = model_context(name, graph, plan, schedule, max_batch, loss, weights, storage, image=image,
-                        weights_file=weights_file, tokenizer=text, memory=memory,
+                        weights_file=weights_file, tokenizer=text, memory=memory, webgpu=webgpu,
                         **({} if transfer_piece_bytes is None else {"transfer_piece_bytes": transfer_piece_bytes}))
     files = render_bundle(ctx)
     if weights_file:
@@ -257,7 +259,7 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
           finetune_data: str | None = None, finetune_lr: float = FINETUNE_LR, eval_data: str | None = None,
           trust_pickle: bool = False, progress: bool = False, trainable: str = "*", input_normalize: str = "none",
           weights_file: bool | None = None, inputs=None, input_dtype=None, tokenizer: str | None = None,
-          memory_budget: int = DEFAULT_MEMORY_BUDGET) -> BuildResult:
+          memory_budget: int = DEFAULT_MEMORY_BUDGET, webgpu: bool = False) -> BuildResult:
     """`inputs`: the input names of a PyTorch source with several (--inputs), `input_shape` then one shape per
     input; `input_dtype`: --input-dtype (one for every input, or a list of one per input)."""
     result = compile_source(source, name=name, weights=weights, input_shape=input_shape, inputs=inputs,
@@ -266,7 +268,7 @@ def build(source: str, out: str, *, name: str | None = None, weights: str | None
                             finetune_epochs=finetune_epochs, finetune_data=finetune_data, finetune_lr=finetune_lr,
                             eval_data=eval_data, trust_pickle=trust_pickle, progress=progress, trainable=trainable,
                             input_normalize=input_normalize, weights_file=weights_file, tokenizer=tokenizer,
-                            memory_budget=memory_budget)
+                            memory_budget=memory_budget, webgpu=webgpu)
     write_files(out, result.files)
     return result
 

@@ -180,6 +180,8 @@ def parser() -> argparse.ArgumentParser:
                         "without it): m.fromText(strings) then gives the token ids and attention mask of strings "
                         "exactly as Hugging Face's tokenizer, padded and truncated to the input's length T "
                         "(--input-shape T)")
+    b.add_argument("--webgpu", action="store_true",
+                   help="the kernels as WGSL too: createModel({ backend: 'webgpu' }) trains on WebGPU (float32)")
     w = b.add_mutually_exclusive_group()
     w.add_argument("--weights-file", dest="weights_file", action="store_true", default=None,
                    help="ship the weights in NAME.weights.bin beside NAME.js, which fetches it (default when they "
@@ -258,7 +260,7 @@ def cmd_build(args) -> None:
     _untrained_note(args)
     result = build(args.source, args.out, name=args.name, prune=args.prune, trainable=args.trainable,
                    input_normalize=args.input_normalize, weights_file=args.weights_file, tokenizer=args.tokenizer,
-                   **_options(args))
+                   webgpu=args.webgpu, **_options(args))
     rep = result.report
     print(f"texelfit: built {args.out}/{rep['name']}.js: {rep['parameters']} parameters, "
           f"{len(rep['layers'])} layers, {rep['kernels']} kernels, "

@@ -104,6 +104,7 @@ async function train(s, { xs, losses: lossSpec, samples, opt, mu, batchSize, epo
           pending = null;
           step = s.snapshot.fitStep;
           feed.restart(step, true);
+          s.state = 'training'; // (restored: no longer 'lost', nor the 'idle' a restore between calls leaves)
           continue;
         }
         feed.restart(step, false);

@@ -29,7 +29,8 @@ function listen(s) {
     notify(s);
   };
   const restored = () => { restoreContext(s); };
-  if (!s.canvas) return; // the CPU backend has no context to lose
+  if (s.gpu.backend === 'webgpu') watchDevice(s); // (webgpu.js: a lost device is replaced)
+  if (!s.canvas) return; // the CPU and WebGPU backends have no context to lose
   // HTMLCanvasElement and OffscreenCanvas name the events differently
   for (const type of ['webglcontextlost', 'contextlost']) listenTo(s, s.canvas, type, lost);
   for (const type of ['webglcontextrestored', 'contextrestored']) listenTo(s, s.canvas, type, restored);

@@ -196,19 +196,20 @@ function memoryNote() {
   return `the model plans ${peak} bytes at maxBatch ${MODEL.maxBatch}; its largest tensor is "${name}" (${bytes} bytes)`;
 }
 
-// options.backend: 'webgl2', 'cpu', or undefined: WebGL2 where a context can be had, else the CPU.
+// options.backend: 'webgl2', 'cpu', 'webgpu' (a bundle built with --webgpu: webgpu.js), or undefined: WebGL2
+// where a context can be had, else the CPU.
 export async function createModel(opts) {
   const options = checkOptions(opts, CREATE_MODEL_OPTIONS, 'createModel options');
   const backend = options.backend;
-  if (options.canvas && backend === 'cpu') {
-    throw new TexelfitError('bad-option', 'createModel options.canvas is for the webgl2 backend; the cpu backend draws nothing');
+  if (options.canvas && (backend === 'cpu' || backend === 'webgpu')) {
+    throw new TexelfitError('bad-option', `createModel options.canvas is for the webgl2 backend; the ${backend} backend draws nothing`);
   }
   if (options.memoryBudget < MODEL.memory[0]) { // (on every backend, before anything is allocated)
     throw new TexelfitError('out-of-memory', `${memoryNote()}: more than memoryBudget, ${options.memoryBudget}; build it with a smaller --max-batch`);
   }
   const weights = decodeWeights(...(await weightBytes(options.weights))); // first: corrupted weights fail before anything is built
   await nextTask(); // (each step here takes milliseconds: the page runs between them)
-  const webgl = backend === 'cpu' ? null : openWebgl2(options, backend === 'webgl2');
+  const webgl = backend === 'cpu' || backend === 'webgpu' ? null : openWebgl2(options, backend === 'webgl2');
   await nextTask();
   let model;
   if (webgl) {
@@ -221,8 +222,8 @@ export async function createModel(opts) {
     }
     model = new Model(webgl.gl, webgl.canvas, webgl.caps, gpu, options, !options.canvas);
   } else {
-    const cpu = await CpuDevice.create(options);
-    model = new Model(null, null, cpu.caps, cpu, options, false);
+    const device = backend === 'webgpu' ? await webgpuDevice(options) : await CpuDevice.create(options);
+    model = new Model(null, null, device.caps, device, options, false);
   }
   model._loadInitialWeights(weights);
   return model;

@@ -30,7 +30,7 @@ const CREATE_MODEL_OPTIONS = {
   canvas: OPTION_TYPES.canvas,
   maxTextureSize: atLeast(4),
   maxDrawBuffers: OPTION_TYPES.positiveInteger,
-  backend: oneOf('webgl2', 'cpu'),
+  backend: oneOf('webgl2', 'cpu', 'webgpu'),
   precision: oneOf('float32', 'float16', 'rgba8'),
   contextRestoreTimeout: OPTION_TYPES.nonNegative,
   weights: { what: 'an ArrayBuffer or a URL', ok: (v) => v instanceof ArrayBuffer || v instanceof URL },

@@ -1,0 +1,329 @@
+// ---- the WebGPU backend: the same textures, schedule and passes, as WGSL compute shaders ---------
+// createModel({ backend: 'webgpu' }) on a bundle built with --webgpu. Everything above the device interface
+// (gpu.js) is shared with WebGL2 and the CPU backend; below it:
+//   * a texture is a storage buffer of width x height vec4<f32> texels (array<vec4<f32>>) in the same
+//     channel-packed layout, row-major, never folded; a double-buffered one has two, read at `cur`, written at
+//     1 - cur; the textures of one storage (codegen/memory.py) are bindings of one buffer, the largest of them;
+//   * a pass dispatches its kernel's generic form printed as WGSL (WGSL[kernel.wgsl[0]], codegen/kl_wgsl.py), one
+//     invocation a texel of the rows it draws, as the CPU backend calls the same kernel's function: the one-sample
+//     twin of a sample-blocked pass (runsAt with one target), an optimizer's gradient into a scratch buffer of its
+//     parameter's size first and then its update (cpu.js: cpuOptimizer); a column-blocked conv's layout is
+//     WebGL2's alone, and such a bundle is refused here;
+//   * each dispatch has a uniform buffer of its own (the struct _d: rows, width, the inputs' widths, the kernel's
+//     uniforms), written when a value changed; one run() is one command buffer; reads copy into a mappable
+//     buffer kept for their slot, and mapAsync.
+
+// Workgroups covering rows x width invocations: (x, y), at most 65,535 a side (kl_wgsl.py: dispatch).
+function wgslGrid(rows, width) {
+  const groups = Math.ceil((rows * width) / WGSL_WORKGROUP), y = Math.ceil(groups / 65535);
+  return [Math.ceil(groups / y), y];
+}
+
+// The limits the model needs: the most storage buffers a dispatch that runs here binds (not a blocked twin's),
+// and the largest buffer (a storage of codegen/memory.py is its largest texture).
+function webgpuNeeds() {
+  let buffers = 0, bytes = 16;
+  const binds = (w) => (w ? w[1].filter(([name]) => name.startsWith('w_')).length + w[2] : 0);
+  const lists = [SCHEDULE.forward, SCHEDULE.backward, ...SCHEDULE.loss.flatMap((kinds) => Object.values(kinds)),
+    ...Object.values(SCHEDULE.optimizer)];
+  for (const p of lists.flat()) {
+    const k = KERNELS[p.kernel];
+    if (p.blocked !== true) buffers = Math.max(buffers, binds(k.wgsl), binds(k.gradient?.wgsl));
+  }
+  for (const spec of TEXTURES) bytes = Math.max(bytes, spec.width * spec.height * 16);
+  return { maxStorageBuffersPerShaderStage: buffers, maxStorageBufferBindingSize: bytes, maxBufferSize: bytes };
+}
+const WEBGPU_DEFAULT_LIMITS = { maxStorageBuffersPerShaderStage: 8, maxStorageBufferBindingSize: 134217728, maxBufferSize: 268435456 };
+
+// The pass runner: the interface of Runner (runner.js) over storage buffers.
+class WebGpuRunner {
+  constructor(device, textures) {
+    this.device = device;
+    this.textures = textures;
+    this.pipelines = new Map(); // WGSL index -> compute pipeline
+    this.scratch = new Map(); // parameter name -> its optimizer's gradient buffer (cpuOptimizer's G)
+    this.uniformBuffers = [];
+    loadSchedule(this, textures);
+  }
+
+  resolve(p, inputs, outputs) {
+    const kernel = KERNELS[p.kernel], out = outputs[0];
+    return {
+      kernel, inputs, outputs, rows: p.rows, label: p.label, values: p.values ?? null, stages: null,
+      blocked: p.blocked ?? null, // a twin of a sample-blocked pass: the one-sample one runs here (runsAt)
+      wide: p.wide ?? null, // a draw of a column-blocked forward: refused (webgpuSupport)
+      height: out.spec.height, sampleRows: out.spec.sampleRows, out,
+    };
+  }
+
+  // (fit's proximal term: the WGSL reads u_mu and P0 always, as the CPU's functions do)
+  variant(r, inputs) {
+    return { ...r, inputs, stages: null };
+  }
+
+  // Its dispatches: [kernel's WGSL, inputs, outputs] once, or an optimizer's gradient then its update.
+  #stages(r) {
+    const k = r.kernel, g = k.gradient;
+    if (!k.wgsl || (g && !g.wgsl) || k.consts.blocked || k.consts.colblock) {
+      throw new TexelfitError('webgpu-kernel', `kernel "${k.name}" (${r.label}) has no WGSL here: a WebGL2 routine's layout`);
+    }
+    if (!g) return [this.#stage(k.wgsl, r.inputs, r.outputs)];
+    const P = r.inputs[g.inputs + 1];
+    let G = this.scratch.get(P.spec.name);
+    if (!G) {
+      G = { spec: P.spec, tex: [this.device.createBuffer({ size: P.spec.width * P.spec.height * 16, usage: GPUBufferUsage.STORAGE })], cur: 0, double: false };
+      this.scratch.set(P.spec.name, G);
+    }
+    return [this.#stage(g.wgsl, r.inputs.slice(0, g.inputs), [G]), this.#stage(k.wgsl, [G, ...r.inputs.slice(g.inputs)], r.outputs)];
+  }
+
+  #stage([code, fields], inputs, outputs) {
+    let pipeline = this.pipelines.get(code);
+    if (!pipeline) {
+      const module = this.device.createShaderModule({ code: WGSL[code] });
+      pipeline = this.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: 'main' } });
+      this.pipelines.set(code, pipeline);
+    }
+    const data = new ArrayBuffer(Math.max(16, Math.ceil(fields.length / 4) * 16));
+    const buffer = this.device.createBuffer({ size: data.byteLength, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+    this.uniformBuffers.push(buffer);
+    const widths = new Map(inputs.map((rec, i) => [i, rec.spec.width]));
+    return {
+      pipeline, inputs, outputs, buffer, groups: new Map(), written: false,
+      // each field: [is int, its value's name (a uniform) or null: set here (rows, width, an input's width)]
+      fields: fields.map(([name, type], i) => [type === 'i32', name.startsWith('u_') ? name : null,
+        name.startsWith('w_') ? widths.get(i - 2) : null]),
+      data, ints: new Int32Array(data), floats: new Float32Array(data), width: outputs[0].spec.width,
+    };
+  }
+
+  // The bind group of the halves the stage reads and writes now (made once for each combination).
+  #group(st) {
+    const ins = st.inputs, outs = st.outputs, parity = outs[0].double ? outs[0].cur : 0;
+    let key = parity;
+    for (let i = 0; i < ins.length; i++) key = key * 2 + ins[i].cur;
+    let group = st.groups.get(key);
+    if (!group) {
+      const bind = (rec, half) => ({ buffer: rec.tex[half], size: rec.spec.width * rec.spec.height * 16 });
+      const entries = [...ins.map((rec) => bind(rec, rec.cur)), ...outs.map((rec) => bind(rec, rec.double ? 1 - parity : 0)),
+        { buffer: st.buffer }].map((resource, binding) => ({ binding, resource }));
+      group = this.device.createBindGroup({ layout: st.pipeline.getBindGroupLayout(0), entries });
+      st.groups.set(key, group);
+    }
+    return group;
+  }
+
+  // The pipelines of the passes of `lists` that run at `batches` (by default any), made now: the forward's at
+  // createModel, where a shader WebGPU refuses is reported (the WGSL compiles on the GPU's timeline).
+  async prepare(lists, batches = [1, MODEL.maxBatch]) {
+    for (const p of lists.flat()) {
+      if (p.stages === null && batches.some((b) => runsAt(p, b, 1))) p.stages = this.#stages(p);
+    }
+  }
+
+  run(passes) {
+    const u = this.uniforms, device = this.device;
+    const encoder = device.createCommandEncoder(), pass = encoder.beginComputePass();
+    for (let i = 0; i < passes.length; i++) {
+      const p = passes[i];
+      if (!runsAt(p, u.u_batch, 1)) continue; // the other twin runs
+      if (p.stages === null) p.stages = this.#stages(p);
+      const rows = p.rows === 'full' ? p.height : p.rows === 'ring' ? 1 : sampleRowsDrawn(p.rows, u.u_batch) * p.sampleRows;
+      for (const st of p.stages) {
+        let changed = !st.written;
+        for (let f = 0; f < st.fields.length; f++) {
+          const [isInt, name, width] = st.fields[f];
+          const v = f === 0 ? rows : f === 1 ? st.width : name === null ? width
+            : p.values !== null && p.values[name] !== undefined ? p.values[name] : u[name];
+          const view = isInt ? st.ints : st.floats;
+          if (view[f] !== Math.fround(v)) {
+            view[f] = v;
+            changed = true;
+          }
+        }
+        if (changed) device.queue.writeBuffer(st.buffer, 0, st.data); // (ordered before this run's commands)
+        st.written = true;
+        pass.setPipeline(st.pipeline);
+        pass.setBindGroup(0, this.#group(st));
+        const [x, y] = p.rows === 'ring' ? [1, 1] : wgslGrid(rows, st.width);
+        if (x > 0) pass.dispatchWorkgroups(x, y);
+      }
+    }
+    pass.end();
+    device.queue.submit([encoder.finish()]);
+  }
+
+  swap(optimizer) {
+    const list = this.swaps[optimizer];
+    for (let i = 0; i < list.length; i++) list[i].cur = 1 - list[i].cur;
+  }
+
+  dispose() {
+    for (const b of [...this.uniformBuffers, ...[...this.scratch.values()].map((g) => g.tex[0])]) b.destroy();
+    this.uniformBuffers = [];
+    this.scratch.clear();
+  }
+}
+
+// The WebGPU device: the interface of GpuDevice (gpu.js).
+class WebGpuDevice {
+  constructor(device, caps, textures) {
+    this.device = device;
+    this.caps = caps;
+    this.textures = textures;
+    this.runner = new WebGpuRunner(device, textures);
+    this.backend = 'webgpu';
+    this.precision = 'float32';
+    this.readBuffers = new Map(); // slot -> the mappable buffer its reads copy into (grown when a read is larger)
+    this.isLost = false;
+    this.failure = null; // the first error WebGPU reported (a read with `check` rejects with it)
+    device.lost.then(() => { this.isLost = true; });
+    device.addEventListener('uncapturederror', (e) => { this.failure = this.failure ?? e.error; e.preventDefault(); });
+  }
+
+  // `options` as createModel's. Rejects with no-webgpu (saying why) where WebGPU, an adapter or the limits the
+  // model needs are missing; the precision is float32.
+  static async create(options = {}) {
+    if (options.precision !== undefined && options.precision !== 'float32') {
+      throw new TexelfitError('unsupported-precision', `precision "${options.precision}": the webgpu backend computes in float32 only`);
+    }
+    if (MODEL.columnParts) throw new TexelfitError('no-webgpu', 'a column-blocked conv is laid out for WebGL2 alone');
+    const gpu = typeof navigator !== 'undefined' ? navigator.gpu : undefined;
+    const adapter = gpu && await gpu.requestAdapter();
+    if (!adapter) throw new TexelfitError('no-webgpu', gpu ? 'WebGPU gives no adapter here' : 'WebGPU is not available here (no navigator.gpu)');
+    const needs = webgpuNeeds(), requiredLimits = {};
+    for (const [name, need] of Object.entries(needs)) {
+      if (need > adapter.limits[name]) {
+        throw new TexelfitError('no-webgpu', `the model needs ${name} ${need}; this adapter gives ${adapter.limits[name]}`);
+      }
+      if (need > WEBGPU_DEFAULT_LIMITS[name]) requiredLimits[name] = need;
+    }
+    const device = await adapter.requestDevice({ requiredLimits });
+    const caps = { textureLimit: Infinity, precision: 'float32' };
+    device.pushErrorScope('out-of-memory');
+    const textures = new Map(), buffers = new Map(), made = [];
+    const buffer = (bytes) => {
+      const b = device.createBuffer({ size: bytes, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
+      made.push(b);
+      return b;
+    };
+    for (const spec of TEXTURES) {
+      if (spec.storage >= 0) buffers.set(spec.storage, Math.max(buffers.get(spec.storage) ?? 0, spec.width * spec.height * 16));
+    }
+    for (const [k, bytes] of buffers) buffers.set(k, buffer(bytes));
+    for (const spec of TEXTURES) {
+      const bytes = spec.width * spec.height * 16;
+      const tex = spec.storage >= 0 ? [buffers.get(spec.storage)] : Array.from({ length: spec.double ? 2 : 1 }, () => buffer(bytes));
+      textures.set(spec.name, {
+        spec, tex, cur: 0, double: spec.double, tiled: false, pw: spec.width, ph: spec.height, format: 'f32', expand: 1,
+      });
+    }
+    const gpuDevice = new WebGpuDevice(device, caps, textures);
+    device.pushErrorScope('validation');
+    await gpuDevice.runner.prepare([gpuDevice.runner.forward]);
+    const [invalid, memory] = [await device.popErrorScope(), await device.popErrorScope()];
+    if (memory || invalid) {
+      device.destroy();
+      if (memory) throw new TexelfitError('out-of-memory', `${memory.message} while allocating the buffers: this device cannot hold the model; ${memoryNote()}`);
+      throw new TexelfitError('webgpu-kernel', `a kernel of the forward: ${invalid.message}`);
+    }
+    return gpuDevice;
+  }
+
+  lost() {
+    return this.isLost;
+  }
+
+  // Texel data (logical rows [0, rows), row-major) into the current half.
+  upload(rec, data, rows) {
+    const n = rows * rec.spec.width * 4;
+    this.device.queue.writeBuffer(rec.tex[rec.cur], 0, data, 0, Math.min(n, data.length));
+  }
+
+  clear(rec) {
+    const encoder = this.device.createCommandEncoder();
+    for (const b of new Set(rec.tex)) encoder.clearBuffer(b, 0, rec.spec.width * rec.spec.height * 16);
+    this.device.queue.submit([encoder.finish()]);
+  }
+
+  // A texture laid out as `rec` holding `data`, read alone: fit's proximal anchor (optimizer.js: optimizerOf).
+  anchor(rec, data) {
+    const b = this.device.createBuffer({ size: rec.spec.width * rec.spec.height * 16, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST });
+    const a = { ...rec, tex: [b], cur: 0, double: false };
+    this.upload(a, data, rec.spec.height);
+    return a;
+  }
+
+  release(rec) {
+    for (const b of rec.tex) b.destroy();
+  }
+
+  // Copies of the first `rowsOf(rec)` logical rows (default: all) of the current halves, as queued when called:
+  // each copied into the slot's mappable buffer, which is then mapped. Resolves to texel data, or null if the
+  // device was lost; with `check`, rejects (gpu-error) on an error WebGPU reported.
+  async read(recs, rowsOf, now = false, slot = 'call', check = false) {
+    let bytes = 0;
+    const reads = recs.map((rec) => {
+      const size = (rowsOf ? rowsOf(rec) : rec.spec.height) * rec.spec.width * 16, r = { rec, offset: bytes, size };
+      bytes += size;
+      return r;
+    });
+    let staging = this.readBuffers.get(slot);
+    if (!staging || staging.size < bytes || staging.mapState !== 'unmapped') {
+      staging?.mapState === 'unmapped' && staging.destroy();
+      staging = this.device.createBuffer({ size: Math.max(16, bytes), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+      this.readBuffers.set(slot, staging);
+    }
+    const encoder = this.device.createCommandEncoder();
+    for (const { rec, offset, size } of reads) if (size) encoder.copyBufferToBuffer(rec.tex[rec.cur], 0, staging, offset, size);
+    this.device.queue.submit([encoder.finish()]);
+    try {
+      await staging.mapAsync(GPUMapMode.READ, 0, Math.max(16, bytes));
+    } catch (e) {
+      // (a device lost meanwhile: its lost promise may settle a moment after the map fails)
+      if (this.isLost || await Promise.race([this.device.lost.then(() => true), new Promise((resolve) => setTimeout(resolve, 50, false))])) return null;
+      throw new TexelfitError('readback', `reading back from WebGPU failed: ${e.message}`);
+    }
+    const all = staging.getMappedRange(0, Math.max(16, bytes)).slice(0);
+    staging.unmap();
+    if (check && this.failure) throw new TexelfitError('gpu-error', `WebGPU reported an error in the work before a readback: ${this.failure.message}`);
+    return reads.map(({ offset, size }) => new Float32Array(all, offset, size / 4));
+  }
+
+  dispose() {
+    this.disposed = true; // (its device's loss is no loss: watchDevice)
+    this.runner.dispose();
+    this.device.destroy(); // (every buffer made on it goes with it)
+    this.readBuffers.clear();
+    for (const rec of this.textures.values()) rec.tex = [];
+  }
+}
+
+// createModel({ backend: 'webgpu' }) (no_webgpu.js where the bundle has no WGSL)
+function webgpuDevice(options) {
+  return WebGpuDevice.create(options);
+}
+
+// A lost device (GPUDevice.lost, but not one dispose destroyed) is replaced by a new one from a new adapter, and the
+// latest snapshot loaded into it, as a restored WebGL context is (lifecycle.js: restoreContext): a fit replays from
+// there. One that cannot be had leaves the model lost (a fit rejects with context-lost after contextRestoreTimeout).
+function watchDevice(s) {
+  const gpu = s.gpu;
+  gpu.device.lost.then(async () => {
+    if (gpu.disposed || s.disposed) return;
+    s.lost = true;
+    s.state = 'lost';
+    notify(s);
+    try {
+      s.gpu = await WebGpuDevice.create(s.options);
+    } catch {
+      return;
+    }
+    loadSnapshot(s, s.snapshot);
+    s.lost = false;
+    s.generation++;
+    if (s.state === 'lost') s.state = 'idle';
+    watchDevice(s);
+    notify(s);
+  });
+}

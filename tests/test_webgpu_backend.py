@@ -1,0 +1,267 @@
+"""The WebGPU backend (runtime/webgpu.js, a bundle built with --webgpu): the same API and schedule as WebGL2 and the
+CPU backend, its kernels the generic ones printed as WGSL compute shaders (codegen/kl_wgsl.py), run by Chromium on
+SwiftShader's WebGPU adapter (--enable-unsafe-webgpu). A missing adapter fails these tests loudly: it is not a skip.
+
+The parity checks of test_cpu_backend.py, through the same helpers with createModel({ backend: 'webgpu' }) and the
+same tolerances:
+  forward    atol 2e-5 + rtol 2e-4 * |ref|       gradients  atol 2e-6 + rtol 2e-4 * |ref|
+  trajectory weights atol 2e-5 + rtol 2e-4 * |ref|, losses atol 1e-5 + rtol 1e-4
+Then: the API around the backend (info, pause and resume, checkpoints shared with WebGL2, dispose, its errors).
+"""
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from conftest import CHROMIUM, CHROMIUM_ARGS
+from helpers import FWD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_op, check_training, run_model
+from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, OP_CASES, SmallCNN, mlp_45_31_7, sample_blocked_mlp
+
+WEBGPU = {"backend": "webgpu"}
+
+
+@pytest.fixture(scope="module")
+def webgpu_browser(browser_type):
+    b = browser_type.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS + ["--enable-unsafe-webgpu"])
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def web(webgpu_browser, site):
+    """A blank page of a browser with WebGPU; console errors fail the test, and so does a missing adapter."""
+    page = webgpu_browser.new_page()
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.goto(f"{site.url}/index.html")
+    assert page.evaluate("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())"), \
+        "no WebGPU adapter: Chromium must give SwiftShader's with --enable-unsafe-webgpu"
+    yield page
+    page.close()
+    assert not errors, "errors in the page:\n" + "\n".join(errors)
+
+
+def _seed(case):
+    return zlib.crc32(case.encode()) % 1000
+
+
+# ---- ops: forward and every gradient -------------------------------------------------------------
+
+@pytest.mark.parametrize("case", sorted(OP_CASES))
+def test_op_cross_entropy(web, site, case):
+    factory, shape = OP_CASES[case]
+    check_op(web, site, case, factory, shape, "cross_entropy", batch=11, seed=_seed(case), options=WEBGPU)
+
+
+@pytest.mark.parametrize("case", ["linear_relu_linear", "sigmoid_output", "matmul_add"])
+def test_op_mse(web, site, case):
+    factory, shape = OP_CASES[case]
+    check_op(web, site, case, factory, shape, "mse", batch=11, seed=_seed(case), options=WEBGPU)
+
+
+@pytest.mark.parametrize("case", sorted(set(CNN_CASES) - {"conv_column_blocked"}))
+def test_cnn_op(web, site, case):
+    factory, shape, loss = CNN_CASES[case]
+    batch = BLOCKED_BATCH if case in BLOCKED_CASES else 3
+    check_op(web, site, case, factory, shape, loss, batch=batch, seed=_seed(case), options=WEBGPU)
+
+
+def test_a_column_blocked_conv_is_refused_with_its_reason(web, site):
+    """A conv past blocking.COLUMN_BLOCK_MIN_MACS is laid out in WebGL2's column parts, which this backend does not
+    run yet: createModel({ backend: 'webgpu' }) says so (no-webgpu), and the same bundle runs on WebGL2."""
+    factory, shape, _ = CNN_CASES["conv_column_blocked"]
+    torch.manual_seed(0)
+    url = build_module(site, "webgpu_column_blocked", factory(), shape, webgpu=True)
+    got = run_model(web, url, """
+        let bad = null;
+        try { await mod.createModel({ backend: 'webgpu' }); } catch (e) { bad = { code: e.code, message: e.message }; }
+        return { bad, backend: m.info.backend };
+    """, {}, {"backend": "webgl2"})
+    assert got["bad"]["code"] == "no-webgpu" and "column-blocked" in got["bad"]["message"], got
+    assert got["backend"] == "webgl2"
+
+
+# ---- training trajectories -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
+@pytest.mark.parametrize("opt_name", ["sgd_momentum_wd", "adam", "adamw"])
+def test_mlp_trajectory(web, site, opt_name, loss):
+    got = check_training(web, site, mlp_45_31_7, (45,), opt_name, loss, samples=50, batch_size=16, epochs=3,
+                         tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=WEBGPU)
+    assert got["info"]["backend"] == "webgpu" and got["info"]["precision"] == "float32"
+
+
+def test_sample_blocked_mlp_trajectory(web, site):
+    # batches of 14, where WebGL2 runs the sample-blocked passes: WebGPU runs their one-sample twins
+    got = check_training(web, site, sample_blocked_mlp, (45,), "adam", "cross_entropy", samples=47, batch_size=14,
+                         epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=WEBGPU)
+    assert got["info"]["backend"] == "webgpu"
+
+
+def small_cnn():
+    return SmallCNN(1, 10)
+
+
+def test_small_cnn_trajectory_with_the_proximal_term(web, site):
+    got = check_training(web, site, small_cnn, (1, 12, 12), "adam", "cross_entropy", samples=21,
+                         batch_size=8, epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=WEBGPU, mu=0.5)
+    assert got["info"]["backend"] == "webgpu"
+
+
+# ---- the API around the backend ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mlp_bundle(site):
+    torch.manual_seed(21)
+    return build_module(site, "webgpu_lifecycle", mlp_45_31_7(), (45,), max_batch=8, webgpu=True)
+
+
+def test_info_pause_resume_and_checkpoints_shared_with_webgl2(web, mlp_bundle):
+    """Pause and resume mid-fit give the uninterrupted run; a checkpoint saved on WebGPU restores on WebGL2 and one
+    saved on WebGL2 on WebGPU, the fits after them equal within float32 rounding; dispose frees the device."""
+    g = torch.Generator().manual_seed(5)
+    data = {"x": torch.randn(40 * 45, generator=g).tolist(), "y": torch.randint(0, 7, (40,), generator=g).tolist()}
+    got = run_model(web, mlp_bundle, """
+        const x = new Float32Array(args.x), y = Int32Array.from(args.y);
+        const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+        const opts = (extra) => ({ batchSize: 4, epochs: 3, shuffle: true, seed: 3,
+                                   optimizer: { type: 'adam', lr: 0.01 }, ...extra });
+        const straight = await mod.createModel({ backend: 'webgpu' });
+        const reference = (await straight.fit(x, y, opts({}))).loss;
+        const refWeights = arr(await straight.getWeights());
+        straight.dispose();
+
+        const states = [m.state];
+        let steps = 0;
+        const p = m.fit(x, y, opts({ onStep: ({ step }) => { steps++; if (step === 7) m.pause(); } }));
+        while (m.state !== 'paused') await sleep(5);
+        states.push(m.state);
+        const paused = steps;
+        await sleep(100);
+        const later = steps;
+        m.resume();
+        const loss = (await p).loss;
+        states.push(m.state);
+        const resumed = arr(await m.getWeights());
+
+        // WebGPU -> WebGL2 -> WebGPU: one more epoch on each side of each checkpoint
+        await m.save('webgpu-progress');
+        const gl = await mod.createModel({ backend: 'webgl2' });
+        await gl.restore('webgpu-progress');
+        const restoredOnGl = arr(await gl.getWeights());
+        await gl.fit(x, y, opts({ epochs: 1 }));
+        await m.fit(x, y, opts({ epochs: 1 }));
+        await gl.save('webgl2-progress');
+        const back = await mod.createModel({ backend: 'webgpu' });
+        await back.restore('webgl2-progress');
+        const fromGl = arr(await back.getWeights());
+        const afterGpu = arr(await m.getWeights()), afterGl = arr(await gl.getWeights());
+        const out = Array.from(await back.predict(x.subarray(0, 45 * 11), 11)); // (more than maxBatch 8)
+        const outGl = Array.from(await gl.predict(x.subarray(0, 45 * 11), 11));
+        gl.dispose();
+        back.dispose();
+        let disposed = null;
+        try { await back.predict(x.subarray(0, 45), 1); } catch (e) { disposed = e.code; }
+        return { info: m.info, states, paused, later, steps, loss, reference, refWeights, resumed, restoredOnGl,
+                 fromGl, afterGpu, afterGl, out, outGl, disposed };
+    """, data, WEBGPU)
+    info = got["info"]
+    assert info["backend"] == "webgpu" and info["precision"] == "float32" and info["foldedTextures"] == 0
+    assert got["states"] == ["idle", "paused", "idle"]
+    assert got["paused"] == got["later"] == 8, "no step may run while paused"
+    assert got["steps"] == 30
+    assert got["loss"] == got["reference"] and got["resumed"] == got["refWeights"], "pause/resume changed the run"
+    assert got["restoredOnGl"] == got["resumed"], "WebGL2 restored other weights than WebGPU saved"
+    assert got["fromGl"] == got["afterGl"], "WebGPU restored other weights than WebGL2 saved"
+    for name in got["afterGpu"]:  # one epoch from the same state on each backend
+        assert_close(f"{name} after an epoch on each backend", got["afterGpu"][name], got["afterGl"][name], **TRAJ_W)
+    assert_close("predict of 11 on WebGPU and WebGL2", got["out"], got["outGl"], **FWD)
+    assert got["disposed"] == "disposed"
+
+
+def test_bad_options_and_an_adapter_missing(web, mlp_bundle):
+    got = run_model(web, mlp_bundle, """
+        const codes = {};
+        const attempt = async (what, options) => {
+          try { await mod.createModel(options); codes[what] = null; } catch (e) { codes[what] = [e.code, e.message]; }
+        };
+        await attempt('precision', { backend: 'webgpu', precision: 'float16' });
+        await attempt('canvas', { backend: 'webgpu', canvas: document.getElementById('c') });
+        const requestAdapter = navigator.gpu.requestAdapter;
+        navigator.gpu.requestAdapter = async () => null;
+        await attempt('adapter', { backend: 'webgpu' });
+        navigator.gpu.requestAdapter = requestAdapter;
+        return codes;
+    """, {}, WEBGPU)
+    assert got["precision"][0] == "unsupported-precision" and "float32" in got["precision"][1]
+    assert got["canvas"][0] == "bad-option" and "webgl2" in got["canvas"][1]
+    assert got["adapter"][0] == "no-webgpu" and "adapter" in got["adapter"][1]
+
+
+# every device the page's adapters give, kept where a test can destroy it (GPUDevice.destroy: a lost device)
+KEEP_DEVICES = """
+window.devices = [];
+const requestDevice = GPUAdapter.prototype.requestDevice;
+GPUAdapter.prototype.requestDevice = async function (...a) {
+  const d = await requestDevice.apply(this, a);
+  window.devices.push(d);
+  return d;
+};
+"""
+
+
+@pytest.mark.parametrize("lose_at", [[10], [5, 70, 150]], ids=["mid_block", "three_times"])
+def test_a_lost_device_is_replaced_with_nothing_lost(web, mlp_bundle, lose_at):
+    """device.destroy() mid-fit (once, and three times, one of them past the first block's snapshot): the model goes
+    'lost', gets a new device, loads its last snapshot and replays from it; the fit ends as an uninterrupted one."""
+    g = torch.Generator().manual_seed(9)
+    data = {"x": torch.randn(400 * 45, generator=g).tolist(), "y": torch.randint(0, 7, (400,), generator=g).tolist(),
+            "loseAt": lose_at}
+    web.evaluate("(code) => { (0, eval)(code); }", KEEP_DEVICES)
+    got = run_model(web, mlp_bundle, """
+        const x = new Float32Array(args.x), y = Int32Array.from(args.y);
+        const opts = (extra) => ({ batchSize: 8, epochs: 4, shuffle: true, seed: 2,
+                                   optimizer: { type: 'adam', lr: 0.01 }, ...extra });
+        const states = [], done = new Set(), steps = [];
+        const r = await m.fit(x, y, opts({ onStep: ({ step }) => {
+          steps.push(step);
+          if (args.loseAt.includes(step) && !done.has(step)) {
+            done.add(step);
+            window.devices[window.devices.length - 1].destroy();
+            states.push(m.state);
+            window.devices[window.devices.length - 1].lost.then(() => states.push(m.state));
+          }
+        } }));
+        const devices = window.devices.length, weights = arr(await m.getWeights());
+        const fresh = await mod.createModel({ backend: 'webgpu' });
+        const reference = await fresh.fit(x, y, opts({}));
+        return { states, steps, devices, loss: r.loss, reference: reference.loss, state: m.state, weights,
+                 refWeights: arr(await fresh.getWeights()), backend: m.info.backend };
+    """, data, WEBGPU)
+    assert got["states"] == ["training", "lost"] * len(lose_at) and got["state"] == "idle" and got["backend"] == "webgpu"
+    # each loss replays from the last snapshot (one every 64 steps): the steps from it to the loss (and the few the
+    # loop ran ahead of onStep) are seen again
+    replayed = [step for i, step in enumerate(got["steps"]) if step in got["steps"][:i]]
+    assert replayed[0] == lose_at[0] // 64 * 64, replayed
+    for at in lose_at:
+        assert set(range(at // 64 * 64, at + 1)) <= set(replayed), (at, replayed)
+    assert got["devices"] == 1 + len(lose_at), "a new device for each loss"
+    assert got["loss"] == got["reference"] and got["weights"] == got["refWeights"]
+
+
+def test_a_webgpu_build_is_deterministic_and_carries_wgsl_only_when_asked():
+    from texelfit.build import compile_onnx
+    from texelfit.prep.load import export_simplified
+
+    torch.manual_seed(3)
+    onnx_model = export_simplified(SmallCNN(1, 10), (1, 12, 12))
+    build = lambda **o: compile_onnx(onnx_model, name="m", input_shape=(1, 12, 12), max_batch=8, **o).files["m.js"]  # noqa: E731
+    a, b, plain = build(webgpu=True), build(webgpu=True), build()
+    assert a == b, "the same inputs give a byte-identical bundle"
+    assert "const WGSL = [" in a and "@compute @workgroup_size(64)" in a and "class WebGpuDevice" in a
+    assert "const WGSL" not in plain and "WebGpuDevice" not in plain and "build it with --webgpu" in plain
+    for js in (a, plain):
+        assert "eval(" not in js and "new Function" not in js
