@@ -36,6 +36,8 @@ UNIFORM_TYPES = {
     "u_rows": "int",           # set by the pass (Pass.values): rows a sample of a blocked output (interleave)
     "u_c4": "int",             # set by the pass: texels a position of a column-blocked output (interleave_cols)
     "u_qb": "int",             # set by the pass: position blocks of a column-blocked output's row (interleave_cols)
+    "u_part": "int",           # set by WebGPU's dispatch: the column-blocked part it writes (deal_cols)
+    "u_ow": "int",             # set by WebGPU's dispatch: positions a row of a column-blocked output (deal_cols)
 }
 
 

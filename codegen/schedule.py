@@ -40,6 +40,7 @@ from . import ops
 from .kernels import Kernel, Pass, render_kernel, source_id
 from .kl_print import js
 from .kl_wgsl import struct_fields, wgsl
+from .ops.conv_kl import deal_cols_kl, interleave_cols_kl
 
 
 @dataclass
@@ -138,13 +139,13 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
     generated: dict[str, str] = {}
     wgsl_index: dict[str, int] = {}
 
-    def wgsl_ref(k: Kernel, inputs: list[str], outputs: int) -> list:
-        """The kernel as WGSL reading `inputs` (the CPU function's, in its order) into `outputs` targets."""
-        code = wgsl(k.kl, inputs, outputs)
+    def wgsl_ref(kdef, inputs: list[str], outputs: int) -> list:
+        """A kernel (kl.KernelDef) as WGSL reading `inputs` (the CPU function's, in its order) into `outputs` targets."""
+        code = wgsl(kdef, inputs, outputs)
         if code not in wgsl_index:
             wgsl_index[code] = len(webgpu)
             webgpu.append(code)
-        return [wgsl_index[code], [[n, t] for n, t in struct_fields(k.kl, inputs)], outputs]
+        return [wgsl_index[code], [[n, t] for n, t in struct_fields(kdef, inputs)], outputs]
 
     def kernel_ref(k: Kernel) -> int:
         src = render_kernel(k)
@@ -163,13 +164,18 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
                     len(k.kl.written) if k.routine else k.outputs)
             record["cpu"] = source_id(fn)[:10]
             if webgpu is not None:  # the same generic kernel as a compute shader (runtime/webgpu.js runs it as the CPU its function)
-                record["wgsl"] = wgsl_ref(k, (["G"] + list(k.inputs[len(g.inputs):])) if g else _generic_inputs(k),
+                record["wgsl"] = wgsl_ref(k.kl, (["G"] + list(k.inputs[len(g.inputs):])) if g else _generic_inputs(k),
                                           len(k.kl.written) if k.routine else k.outputs)
             record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
             # a routine's sample blocking (webgl2/blocking.py): the CPU computes the generic kernel, then deals it out
             record["consts"].update({n: k.consts[n] for n in _LAID_OUT if n in k.consts and k.routine})
             if k.routine and k.consts.get("colblock"):  # (and the shapes cpuColumns deals it out by)
                 record["consts"].update({n: k.consts[n] for n in _COLUMN_SHAPE})
+                if webgpu is not None:  # WebGPU deals it out by deal_cols, and interleaves a column-blocked input first
+                    b, nh = k.consts["colblock"], len(k.consts["halves"])
+                    record["deal"] = wgsl_ref(deal_cols_kl(b, nh), ["Y"], 1)
+                    if k.consts.get("colin"):
+                        record["colin"] = wgsl_ref(interleave_cols_kl(b, nh), [f"T{t}" for t in range(b * nh)], 1)
             generated[record["cpu"]] = fn
             if g is not None:  # ... computed by its gradient's function first (runtime/cpu.js: cpuOptimizer)
                 assert not k.kl.symbols and g.kl is not None, k.name  # (the update's consts are its gradient's)
@@ -179,7 +185,7 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
                 record["consts"].update({n: g.consts[n] for n in _LAID_OUT if n in g.consts and g.routine})
                 generated[record["gradient"]["cpu"]] = gfn
                 if webgpu is not None:
-                    record["gradient"]["wgsl"] = wgsl_ref(g, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
+                    record["gradient"]["wgsl"] = wgsl_ref(g.kl, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
             kernels.append(record)
         return index[sid]
 

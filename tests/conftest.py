@@ -100,3 +100,26 @@ def web(page, site):
     page.goto(f"{site.url}/index.html")
     yield page
     assert not errors, "errors in the page:\n" + "\n".join(errors)
+
+
+@pytest.fixture(scope="session")
+def webgpu_browser(browser_type):
+    """A Chromium with WebGPU (--enable-unsafe-webgpu: SwiftShader's adapter here), for the WebGPU backend's tests."""
+    b = browser_type.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS + ["--enable-unsafe-webgpu"])
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def webgpu_web(webgpu_browser, site):
+    """A blank page of the WebGPU browser; console errors fail the test, and so does a missing adapter (not a skip)."""
+    page = webgpu_browser.new_page()
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.goto(f"{site.url}/index.html")
+    assert page.evaluate("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())"), \
+        "no WebGPU adapter: Chromium must give SwiftShader's with --enable-unsafe-webgpu"
+    yield page
+    page.close()
+    assert not errors, "errors in the page:\n" + "\n".join(errors)

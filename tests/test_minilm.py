@@ -69,34 +69,52 @@ X = "{ input_ids: Int32Array.from(args.x.input_ids), attention_mask: Int32Array.
 
 @pytest.fixture(scope="module")
 def encoder_url(site):
-    url, result = build(site, "minilm_128", minilm.minilm_l6(128), 128, max_batch=10, tokenizer=str(minilm.model_dir()))
+    url, result = build(site, "minilm_128", minilm.minilm_l6(128), 128, max_batch=10, tokenizer=str(minilm.model_dir()),
+                        webgpu=True)  # (with its WGSL: the WebGPU backend's test shares the build)
     # every parameter of MiniLMEncoder(128) (token type 0's row is a buffer: a constant)
     assert result.report["parameters"] == sum(p.numel() for p in minilm.minilm_l6(128).parameters())
     return url
 
 
-def test_sentence_embeddings_from_the_bundles_tokenizer_match_sentence_transformers(web, encoder_url):
-    texts = sentences()
+def check_embeddings(page, url, texts, options=None):
     ids = minilm.tokenize(texts, 128)
-    lengths = ids["attention_mask"].sum(1)
-    assert lengths.min() <= 5 and lengths.max() == 128  # short ones and truncated ones
     # as a page does it: the bundle's tokenizer (--tokenizer), then predict on what it gives
-    got = run_model(web, encoder_url, """
+    got = run_model(page, url, """
         const x = await m.fromText(args.texts), out = [];
         for (let s = 0; s < args.texts.length; s += 10) {
           const part = { input_ids: x.input_ids.subarray(s * 128, (s + 10) * 128),
                          attention_mask: x.attention_mask.subarray(s * 128, (s + 10) * 128) };
-          out.push(...await m.predict(part, 10));
+          out.push(...await m.predict(part, Math.min(10, args.texts.length - s)));
         }
-        return { out, ids: Array.from(x.input_ids), mask: Array.from(x.attention_mask) };
-    """, {"texts": texts})
+        return { out, ids: Array.from(x.input_ids), mask: Array.from(x.attention_mask), backend: m.info.backend };
+    """, {"texts": texts}, options)
     assert got["ids"] == ids["input_ids"].reshape(-1).tolist() and got["mask"] == ids["attention_mask"].reshape(-1).tolist()
-    got = np.asarray(got["out"], dtype=np.float64).reshape(len(texts), 384)
+    backend, got = got["backend"], np.asarray(got["out"], dtype=np.float64).reshape(len(texts), 384)
     ref = minilm.sentence_transformer(128).encode(texts).astype(np.float64)  # truncated at 128 tokens too
     cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
-    print(f"MiniLM in Chromium against SentenceTransformer.encode: cosine min {cos.min():.8f}, "
+    print(f"MiniLM in Chromium ({backend}) against SentenceTransformer.encode: cosine min {cos.min():.8f}, "
           f"max abs diff {np.abs(got - ref).max():.3g}")
     assert cos.min() > 0.9999, cos
+    return backend
+
+
+def test_sentence_embeddings_from_the_bundles_tokenizer_match_sentence_transformers(web, encoder_url):
+    texts = sentences()
+    lengths = minilm.tokenize(texts, 128)["attention_mask"].sum(1)
+    assert lengths.min() <= 5 and lengths.max() == 128  # short ones and truncated ones
+    assert check_embeddings(web, encoder_url, texts) == "webgl2"
+
+
+def test_sentence_embeddings_on_webgpu(webgpu_web, encoder_url):
+    """The same bundle on the WebGPU backend: the shortest sentence, a truncated one and two between (a batch of 4:
+    SwiftShader's WebGPU takes about 6 s a sentence here)."""
+    texts = sentences()
+    lengths = minilm.tokenize(texts, 128)["attention_mask"].sum(1)
+    order = np.argsort(lengths, kind="stable")
+    texts = [texts[i] for i in (order[0], order[len(order) // 3], order[2 * len(order) // 3], order[-1])]
+    lengths = minilm.tokenize(texts, 128)["attention_mask"].sum(1)
+    assert lengths.min() <= 5 and lengths.max() == 128
+    assert check_embeddings(webgpu_web, encoder_url, texts, {"backend": "webgpu"}) == "webgpu"
 
 
 TOKENS = 32

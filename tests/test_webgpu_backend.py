@@ -15,33 +15,15 @@ import zlib
 import pytest
 import torch
 
-from conftest import CHROMIUM, CHROMIUM_ARGS
 from helpers import FWD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_op, check_training, run_model
 from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, OP_CASES, SmallCNN, mlp_45_31_7, sample_blocked_mlp
 
 WEBGPU = {"backend": "webgpu"}
 
 
-@pytest.fixture(scope="module")
-def webgpu_browser(browser_type):
-    b = browser_type.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS + ["--enable-unsafe-webgpu"])
-    yield b
-    b.close()
-
-
 @pytest.fixture
-def web(webgpu_browser, site):
-    """A blank page of a browser with WebGPU; console errors fail the test, and so does a missing adapter."""
-    page = webgpu_browser.new_page()
-    errors: list[str] = []
-    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-    page.goto(f"{site.url}/index.html")
-    assert page.evaluate("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())"), \
-        "no WebGPU adapter: Chromium must give SwiftShader's with --enable-unsafe-webgpu"
-    yield page
-    page.close()
-    assert not errors, "errors in the page:\n" + "\n".join(errors)
+def web(webgpu_web):
+    return webgpu_web
 
 
 def _seed(case):
@@ -62,26 +44,30 @@ def test_op_mse(web, site, case):
     check_op(web, site, case, factory, shape, "mse", batch=11, seed=_seed(case), options=WEBGPU)
 
 
-@pytest.mark.parametrize("case", sorted(set(CNN_CASES) - {"conv_column_blocked"}))
+@pytest.mark.parametrize("case", sorted(CNN_CASES))
 def test_cnn_op(web, site, case):
     factory, shape, loss = CNN_CASES[case]
     batch = BLOCKED_BATCH if case in BLOCKED_CASES else 3
     check_op(web, site, case, factory, shape, loss, batch=batch, seed=_seed(case), options=WEBGPU)
 
 
-def test_a_column_blocked_conv_is_refused_with_its_reason(web, site):
-    """A conv past blocking.COLUMN_BLOCK_MIN_MACS is laid out in WebGL2's column parts, which this backend does not
-    run yet: createModel({ backend: 'webgpu' }) says so (no-webgpu), and the same bundle runs on WebGL2."""
-    factory, shape, _ = CNN_CASES["conv_column_blocked"]
-    torch.manual_seed(0)
-    url = build_module(site, "webgpu_column_blocked", factory(), shape, webgpu=True)
-    got = run_model(web, url, """
-        let bad = null;
-        try { await mod.createModel({ backend: 'webgpu' }); } catch (e) { bad = { code: e.code, message: e.message }; }
-        return { bad, backend: m.info.backend };
-    """, {}, {"backend": "webgl2"})
-    assert got["bad"]["code"] == "no-webgpu" and "column-blocked" in got["bad"]["message"], got
-    assert got["backend"] == "webgl2"
+def test_convs_reading_column_parts_match_pytorch(web, site):
+    """test_cnn_ops' frozen column chain (convs reading their input's column parts, c.colin: 1x1 and depthwise, stride
+    1 and 2, padded, a partial last block): interleaved into whole rows, computed, dealt out into the parts again
+    (webgpu.js: columnStages); predict equals PyTorch's and the head trains on it as in PyTorch."""
+    from test_cnn_ops import CHAIN, COLUMN_TRUNK
+
+    from models import ColumnChain
+
+    torch.manual_seed(11)
+    m = ColumnChain().eval()
+    x = torch.randn(3, *CHAIN)
+    url = build_module(site, "column_chain_webgpu", m, CHAIN, max_batch=8, trainable="fc.*", webgpu=True)
+    got = run_model(web, url, "return Array.from(await m.predict(new Float32Array(args), 3));", x.reshape(-1).tolist(),
+                    WEBGPU)
+    assert_close("column chain forward (webgpu)", got, m(x).detach().numpy(), **FWD)
+    check_training(web, site, ColumnChain, CHAIN, "adam", "cross_entropy", samples=6, batch_size=3, epochs=2,
+                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=12, options=WEBGPU, max_batch=8, frozen=COLUMN_TRUNK)
 
 
 # ---- training trajectories -----------------------------------------------------------------------

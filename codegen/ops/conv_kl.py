@@ -155,3 +155,23 @@ def interleave_cols_kl(block: int, halves: int) -> kl.KernelDef:
             k.set(v, load(f"T{t}", ROW, at))
     k.out(v)
     return k
+
+
+def deal_cols_kl(block: int, halves: int) -> kl.KernelDef:
+    """Part u_part of a column-blocked conv output from its whole rows Y (the generic kernel's output), the inverse of
+    interleave_cols: texel column `col` of part p = block*g + m (g its half) holds channel texel col / u_qb + g*c4h of
+    position (col % u_qb) * block + m, zero past u_ow positions and u_c4 texels. The WebGPU backend computes a
+    column-blocked conv forward by its generic kernel and deals it out so, a dispatch a part (runtime/webgpu.js), as
+    the CPU does in JavaScript (cpu_columns.js: cpuColumns)."""
+    k = kl.KernelDef()
+    c4s, qb = uniform("u_c4", "int"), uniform("u_qb", "int")
+    part, positions = uniform("u_part", "int"), uniform("u_ow", "int")
+    c4h = k.let("c4h", (c4s + (halves - 1)) // halves)
+    g = k.let("g", part // block)
+    ow = k.let("ow", (COL % qb) * block + part - g * block)
+    c4 = k.let("c4", COL // qb + g * c4h)
+    v = k.let("v", splat(0.0))
+    with k.when((ow < positions) & (c4 < c4s)):
+        k.set(v, load("Y", ROW, ow * c4s + c4))
+    k.out(v)
+    return k

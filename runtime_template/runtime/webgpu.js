@@ -6,12 +6,17 @@
 //     1 - cur; the textures of one storage (codegen/memory.py) are bindings of one buffer, the largest of them;
 //   * a pass dispatches its kernel's generic form printed as WGSL (WGSL[kernel.wgsl[0]], codegen/kl_wgsl.py), one
 //     invocation a texel of the rows it draws, as the CPU backend calls the same kernel's function: the one-sample
-//     twin of a sample-blocked pass (runsAt with one target), an optimizer's gradient into a scratch buffer of its
-//     parameter's size first and then its update (cpu.js: cpuOptimizer); a column-blocked conv's layout is
-//     WebGL2's alone, and such a bundle is refused here;
+//     twin of a sample-blocked pass (webgpuRuns), an optimizer's gradient into a scratch buffer of its parameter's
+//     size first and then its update (cpu.js: cpuOptimizer), a column-blocked conv forward's draw into all its parts
+//     as whole rows into a scratch buffer, dealt out into the parts a dispatch each (cpu_columns.js: cpuColumns);
 //   * each dispatch has a uniform buffer of its own (the struct _d: rows, width, the inputs' widths, the kernel's
 //     uniforms), written when a value changed; one run() is one command buffer; reads copy into a mappable
 //     buffer kept for their slot, and mapAsync.
+
+// Whether pass p runs here: a sample-blocked pass's one-sample twin, a column-blocked forward's draw into all its parts.
+function webgpuRuns(p) {
+  return p.blocked !== true && p.wide !== false;
+}
 
 // Workgroups covering rows x width invocations: (x, y), at most 65,535 a side (kl_wgsl.py: dispatch).
 function wgslGrid(rows, width) {
@@ -28,7 +33,7 @@ function webgpuNeeds() {
     ...Object.values(SCHEDULE.optimizer)];
   for (const p of lists.flat()) {
     const k = KERNELS[p.kernel];
-    if (p.blocked !== true) buffers = Math.max(buffers, binds(k.wgsl), binds(k.gradient?.wgsl));
+    if (webgpuRuns(p)) buffers = Math.max(buffers, binds(k.wgsl), binds(k.gradient?.wgsl), binds(k.colin));
   }
   for (const spec of TEXTURES) bytes = Math.max(bytes, spec.width * spec.height * 16);
   return { maxStorageBuffersPerShaderStage: buffers, maxStorageBufferBindingSize: bytes, maxBufferSize: bytes };
@@ -41,7 +46,7 @@ class WebGpuRunner {
     this.device = device;
     this.textures = textures;
     this.pipelines = new Map(); // WGSL index -> compute pipeline
-    this.scratch = new Map(); // parameter name -> its optimizer's gradient buffer (cpuOptimizer's G)
+    this.scratch = new Map(); // its name -> a scratch buffer's record: an optimizer's G, a column-blocked conv's rows
     this.uniformBuffers = [];
     loadSchedule(this, textures);
   }
@@ -51,7 +56,7 @@ class WebGpuRunner {
     return {
       kernel, inputs, outputs, rows: p.rows, label: p.label, values: p.values ?? null, stages: null,
       blocked: p.blocked ?? null, // a twin of a sample-blocked pass: the one-sample one runs here (runsAt)
-      wide: p.wide ?? null, // a draw of a column-blocked forward: refused (webgpuSupport)
+      wide: p.wide ?? null, // a draw of a column-blocked forward: the one into all its parts runs here
       height: out.spec.height, sampleRows: out.spec.sampleRows, out,
     };
   }
@@ -61,23 +66,51 @@ class WebGpuRunner {
     return { ...r, inputs, stages: null };
   }
 
-  // Its dispatches: [kernel's WGSL, inputs, outputs] once, or an optimizer's gradient then its update.
+  // Its dispatches: the kernel's WGSL once; an optimizer's gradient then its update; a column-blocked forward's steps.
   #stages(r) {
     const k = r.kernel, g = k.gradient;
-    if (!k.wgsl || (g && !g.wgsl) || k.consts.blocked || k.consts.colblock) {
+    if (!k.wgsl || (g && !g.wgsl) || k.consts.blocked) {
       throw new TexelfitError('webgpu-kernel', `kernel "${k.name}" (${r.label}) has no WGSL here: a WebGL2 routine's layout`);
     }
+    if (k.consts.colblock) return this.#columnStages(r);
     if (!g) return [this.#stage(k.wgsl, r.inputs, r.outputs)];
-    const P = r.inputs[g.inputs + 1];
-    let G = this.scratch.get(P.spec.name);
-    if (!G) {
-      G = { spec: P.spec, tex: [this.device.createBuffer({ size: P.spec.width * P.spec.height * 16, usage: GPUBufferUsage.STORAGE })], cur: 0, double: false };
-      this.scratch.set(P.spec.name, G);
-    }
+    const P = r.inputs[g.inputs + 1], G = this.#scratch('g:' + P.spec.name, P.spec.width, P.spec.height);
     return [this.#stage(g.wgsl, r.inputs.slice(0, g.inputs), [G]), this.#stage(k.wgsl, [G, ...r.inputs.slice(g.inputs)], r.outputs)];
   }
 
-  #stage([code, fields], inputs, outputs) {
+  // A column-blocked conv forward, as cpuColumns computes it: an input of column parts (c.colin) interleaved into
+  // whole rows first (interleave_cols), the generic kernel into whole rows, dealt out into the n parts (deal_cols).
+  #columnStages(r) {
+    const k = r.kernel, c = k.consts, b = c.colblock, n = b * c.halves.length;
+    let inputs = r.inputs;
+    const stages = [];
+    if (c.colin) {
+      const X = this.#scratch('x:' + r.label, c.iw * c.ic4, (r.height / c.oh) * c.ih);
+      stages.push(this.#stage(k.colin, inputs.slice(0, n), [X], { u_c4: c.ic4, u_qb: Math.ceil(c.iw / b) }, c.ih / c.oh));
+      inputs = [X, ...inputs.slice(n)];
+    }
+    const Y = this.#scratch('y:' + r.label, c.ow * c.oc4, r.height);
+    stages.push(this.#stage(k.wgsl, inputs, [Y]));
+    for (let part = 0; part < n; part++) {
+      stages.push(this.#stage(k.deal, [Y], [r.outputs[part]], { u_c4: c.oc4, u_qb: Math.ceil(c.ow / b), u_part: part, u_ow: c.ow }));
+    }
+    return stages;
+  }
+
+  // A buffer of width x height texels that only the passes use, made once under its name.
+  #scratch(name, width, height) {
+    let rec = this.scratch.get(name);
+    if (!rec) {
+      const buffer = this.device.createBuffer({ size: width * height * 16, usage: GPUBufferUsage.STORAGE });
+      rec = { spec: { name, width, height }, tex: [buffer], cur: 0, double: false };
+      this.scratch.set(name, rec);
+    }
+    return rec;
+  }
+
+  // A dispatch of WGSL[code] (a kernel's `wgsl`: [code, fields, outputs]) reading `inputs` into `outputs`; `values`:
+  // uniforms it sets itself; `scale`: its rows per row the pass draws (an interleaved input's).
+  #stage([code, fields], inputs, outputs, values = null, scale = 1) {
     let pipeline = this.pipelines.get(code);
     if (!pipeline) {
       const module = this.device.createShaderModule({ code: WGSL[code] });
@@ -89,7 +122,7 @@ class WebGpuRunner {
     this.uniformBuffers.push(buffer);
     const widths = new Map(inputs.map((rec, i) => [i, rec.spec.width]));
     return {
-      pipeline, inputs, outputs, buffer, groups: new Map(), written: false,
+      pipeline, inputs, outputs, buffer, groups: new Map(), written: false, values, scale,
       // each field: [is int, its value's name (a uniform) or null: set here (rows, width, an input's width)]
       fields: fields.map(([name, type], i) => [type === 'i32', name.startsWith('u_') ? name : null,
         name.startsWith('w_') ? widths.get(i - 2) : null]),
@@ -113,11 +146,11 @@ class WebGpuRunner {
     return group;
   }
 
-  // The pipelines of the passes of `lists` that run at `batches` (by default any), made now: the forward's at
+  // The pipelines of the passes of `lists` that run here, made now: the forward's at
   // createModel, where a shader WebGPU refuses is reported (the WGSL compiles on the GPU's timeline).
-  async prepare(lists, batches = [1, MODEL.maxBatch]) {
+  async prepare(lists) {
     for (const p of lists.flat()) {
-      if (p.stages === null && batches.some((b) => runsAt(p, b, 1))) p.stages = this.#stages(p);
+      if (p.stages === null && webgpuRuns(p)) p.stages = this.#stages(p);
     }
   }
 
@@ -126,15 +159,17 @@ class WebGpuRunner {
     const encoder = device.createCommandEncoder(), pass = encoder.beginComputePass();
     for (let i = 0; i < passes.length; i++) {
       const p = passes[i];
-      if (!runsAt(p, u.u_batch, 1)) continue; // the other twin runs
+      if (!webgpuRuns(p)) continue; // the other twin runs
       if (p.stages === null) p.stages = this.#stages(p);
       const rows = p.rows === 'full' ? p.height : p.rows === 'ring' ? 1 : sampleRowsDrawn(p.rows, u.u_batch) * p.sampleRows;
       for (const st of p.stages) {
         let changed = !st.written;
+        const stRows = rows * st.scale;
         for (let f = 0; f < st.fields.length; f++) {
           const [isInt, name, width] = st.fields[f];
-          const v = f === 0 ? rows : f === 1 ? st.width : name === null ? width
-            : p.values !== null && p.values[name] !== undefined ? p.values[name] : u[name];
+          const v = f === 0 ? stRows : f === 1 ? st.width : name === null ? width
+            : st.values !== null && st.values[name] !== undefined ? st.values[name]
+              : p.values !== null && p.values[name] !== undefined ? p.values[name] : u[name];
           const view = isInt ? st.ints : st.floats;
           if (view[f] !== Math.fround(v)) {
             view[f] = v;
@@ -145,7 +180,7 @@ class WebGpuRunner {
         st.written = true;
         pass.setPipeline(st.pipeline);
         pass.setBindGroup(0, this.#group(st));
-        const [x, y] = p.rows === 'ring' ? [1, 1] : wgslGrid(rows, st.width);
+        const [x, y] = p.rows === 'ring' ? [1, 1] : wgslGrid(stRows, st.width);
         if (x > 0) pass.dispatchWorkgroups(x, y);
       }
     }
@@ -187,7 +222,6 @@ class WebGpuDevice {
     if (options.precision !== undefined && options.precision !== 'float32') {
       throw new TexelfitError('unsupported-precision', `precision "${options.precision}": the webgpu backend computes in float32 only`);
     }
-    if (MODEL.columnParts) throw new TexelfitError('no-webgpu', 'a column-blocked conv is laid out for WebGL2 alone');
     const gpu = typeof navigator !== 'undefined' ? navigator.gpu : undefined;
     const adapter = gpu && await gpu.requestAdapter();
     if (!adapter) throw new TexelfitError('no-webgpu', gpu ? 'WebGPU gives no adapter here' : 'WebGPU is not available here (no navigator.gpu)');
