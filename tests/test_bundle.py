@@ -148,7 +148,9 @@ def test_shipped_runtime_is_compact(factory, shape):
     (stateTextureNames(fit): a MiniLM head step's 250 ms a block of reading back the encoder) +44 bytes (37,642 ->
     37,686): the budget is 37,700; the WebGPU backend's entry in a bundle built without it (createModel({ backend:
     'webgpu' }) names --webgpu: no_webgpu.js, a lost device's watch in listen) and a fit's state set again after a
-    restore, +77 bytes (37,763): the budget is 37,800.
+    restore, +77 bytes (37,763): the budget is 37,800; createModel's default choice (WebGPU first in a bundle built
+    with --webgpu, the WebGL2-only options that keep it on WebGL2) and m.info.fallbackReason, +204 bytes (37,967): the
+    budget is 38,000.
     The opening comment and each shader's kernel-name line stay."""
     import gzip
 
@@ -159,7 +161,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 37_800
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 38_000
 
 
 def test_compact_js_keeps_strings_and_template_literals():

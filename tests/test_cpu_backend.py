@@ -164,5 +164,6 @@ def test_cpu_is_chosen_where_webgl2_is_missing(web, site):
         return { info: m.info, out: Array.from(await m.predict(new Float32Array(args), 5)), forced };
     """, x.reshape(-1).tolist())
     assert got["info"]["backend"] == "cpu" and got["info"]["precision"] == "float32"
+    assert got["info"]["fallbackReason"] == "not webgl2: no WebGL2 context here"
     assert got["forced"] == "no-webgl2", "backend: 'webgl2' must fail rather than fall back"
     assert_close("predict on the automatic CPU backend", got["out"], module(x).detach().numpy(), **FWD)

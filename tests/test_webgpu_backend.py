@@ -251,3 +251,64 @@ def test_a_webgpu_build_is_deterministic_and_carries_wgsl_only_when_asked():
     assert "const WGSL" not in plain and "WebGpuDevice" not in plain and "build it with --webgpu" in plain
     for js in (a, plain):
         assert "eval(" not in js and "new Function" not in js
+
+
+def test_the_default_is_webgpu_where_it_runs(web, site, mlp_bundle):
+    """createModel() on a bundle built with --webgpu: WebGPU where an adapter runs it (info.fallbackReason null),
+    WebGL2 where none does (the reason given, nothing in the console) or where a WebGL2-only option asks for it; a
+    bundle without WGSL starts from WebGL2."""
+    torch.manual_seed(2)
+    plain = build_module(site, "webgpu_plain", mlp_45_31_7(), (45,), max_batch=8)
+    got = run_model(web, mlp_bundle, """
+        const info = async (url, options) => {
+          const mm = await (await import(url)).createModel(options);
+          const r = { backend: mm.info.backend, precision: mm.info.precision, why: mm.info.fallbackReason };
+          mm.dispose();
+          return r;
+        };
+        const out = { first: m.info.backend, firstWhy: m.info.fallbackReason,
+                      rgba8: await info(args.url, { precision: 'rgba8' }), plain: await info(args.plain, {}) };
+        const requestAdapter = navigator.gpu.requestAdapter;
+        navigator.gpu.requestAdapter = async () => null;
+        out.noAdapter = await info(args.url, {});
+        navigator.gpu.requestAdapter = requestAdapter;
+        return out;
+    """, {"url": mlp_bundle, "plain": plain}, {})
+    assert got["first"] == "webgpu" and got["firstWhy"] is None
+    assert got["rgba8"] == {"backend": "webgl2", "precision": "rgba8", "why": None}
+    assert got["plain"]["backend"] == "webgl2" and got["plain"]["why"] is None
+    assert got["noAdapter"]["backend"] == "webgl2" and "adapter" in got["noAdapter"]["why"], got
+
+
+WORKER = """
+self.onmessage = async (e) => {
+  const m = await (await import(e.data.url)).createModel({ backend: 'webgpu' });
+  const x = new Float32Array(e.data.x), y = Int32Array.from(e.data.y);
+  const r = await m.fit(x, y, { batchSize: 8, epochs: 2, shuffle: false, optimizer: { type: 'adam', lr: 0.01 } });
+  const w = await m.getWeights();
+  self.postMessage({ loss: r.loss, backend: m.info.backend, weights: Object.fromEntries(Object.entries(w).map(([k, v]) => [k, Array.from(v)])) });
+  m.dispose();
+};
+"""
+
+
+def test_a_fit_in_a_module_worker(web, site, mlp_bundle):
+    """WebGPU needs no canvas: a module worker trains on it (navigator.gpu is the worker's), as the page does."""
+    g = torch.Generator().manual_seed(4)
+    data = {"x": torch.randn(24 * 45, generator=g).tolist(), "y": torch.randint(0, 7, (24,), generator=g).tolist()}
+    folder = site.add_files("webgpu_worker", {"worker.js": WORKER})
+    got = web.evaluate("""async (args) => {
+        const w = new Worker(args.worker, { type: 'module' });
+        const done = new Promise((resolve, reject) => { w.onmessage = (e) => resolve(e.data); w.onerror = (e) => reject(e.message); });
+        w.postMessage({ url: args.url, x: args.x, y: args.y });
+        const inWorker = await done;
+        w.terminate();
+        const m = await (await import(args.url)).createModel({ backend: 'webgpu' });
+        const r = await m.fit(new Float32Array(args.x), Int32Array.from(args.y),
+                              { batchSize: 8, epochs: 2, shuffle: false, optimizer: { type: 'adam', lr: 0.01 } });
+        const w2 = await m.getWeights();
+        m.dispose();
+        return { inWorker, loss: r.loss, weights: Object.fromEntries(Object.entries(w2).map(([k, v]) => [k, Array.from(v)])) };
+    }""", {"worker": folder + "/worker.js", "url": mlp_bundle, **data})
+    assert got["inWorker"]["backend"] == "webgpu" and len(got["inWorker"]["loss"]) == 6
+    assert got["inWorker"]["loss"] == got["loss"] and got["inWorker"]["weights"] == got["weights"]

@@ -28,6 +28,7 @@ class Model {
       outputShape: MODEL.outputShape.slice(),
       maxBatch: MODEL.maxBatch,
       backend: gpu.backend,
+      fallbackReason: gpu.fallbackReason, // why createModel() did not choose the first backend it tries, or null
       precision: gpu.precision,
       parameters: MODEL.parameters,
       maxTextureSize: caps.textureLimit,
@@ -196,8 +197,10 @@ function memoryNote() {
   return `the model plans ${peak} bytes at maxBatch ${MODEL.maxBatch}; its largest tensor is "${name}" (${bytes} bytes)`;
 }
 
-// options.backend: 'webgl2', 'cpu', 'webgpu' (a bundle built with --webgpu: webgpu.js), or undefined: WebGL2
-// where a context can be had, else the CPU.
+// options.backend: 'webgl2', 'cpu', 'webgpu' (a bundle built with --webgpu: webgpu.js), or undefined: WebGPU where
+// the bundle has its WGSL, no WebGL2-only option is given (canvas, maxTextureSize, maxDrawBuffers, a precision other
+// than float32) and the device can run it, else WebGL2 where a context can be had, else the CPU; m.info.fallbackReason
+// says why not the first.
 export async function createModel(opts) {
   const options = checkOptions(opts, CREATE_MODEL_OPTIONS, 'createModel options');
   const backend = options.backend;
@@ -209,7 +212,18 @@ export async function createModel(opts) {
   }
   const weights = decodeWeights(...(await weightBytes(options.weights))); // first: corrupted weights fail before anything is built
   await nextTask(); // (each step here takes milliseconds: the page runs between them)
-  const webgl = backend === 'cpu' || backend === 'webgpu' ? null : openWebgl2(options, backend === 'webgl2');
+  let device = null, why = null;
+  const webgpuFirst = MODEL.webgpu && !options.canvas && options.maxTextureSize === undefined &&
+    options.maxDrawBuffers === undefined && (options.precision ?? 'float32') === 'float32';
+  if (backend === 'webgpu' || (backend === undefined && webgpuFirst)) {
+    try {
+      device = await webgpuDevice(options);
+    } catch (e) {
+      if (backend || e.code !== 'no-webgpu') throw e;
+      why = `not webgpu: ${e.message.replace('texelfit: ', '')}`;
+    }
+  }
+  const webgl = device || backend === 'cpu' ? null : openWebgl2(options, backend === 'webgl2');
   await nextTask();
   let model;
   if (webgl) {
@@ -220,9 +234,12 @@ export async function createModel(opts) {
       if (!options.canvas) releaseContext(webgl.gl);
       throw e;
     }
+    gpu.fallbackReason = why;
     model = new Model(webgl.gl, webgl.canvas, webgl.caps, gpu, options, !options.canvas);
   } else {
-    const device = backend === 'webgpu' ? await webgpuDevice(options) : await CpuDevice.create(options);
+    device = device ?? await CpuDevice.create(options);
+    if (!backend && device.backend === 'cpu') why = `${why ? why + '; ' : ''}not webgl2: no WebGL2 context here`;
+    device.fallbackReason = why;
     model = new Model(null, null, device.caps, device, options, false);
   }
   model._loadInitialWeights(weights);
