@@ -50,6 +50,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-c
 
 TFJS_DIST = os.path.join(ROOT, "node_modules", "@tensorflow", "tfjs", "dist")
 TFJS_WASM_DIST = os.path.join(ROOT, "node_modules", "@tensorflow", "tfjs-backend-wasm", "dist")
+TFJS_WEBGPU_DIST = os.path.join(ROOT, "node_modules", "@tensorflow", "tfjs-backend-webgpu", "dist")
 PAGES = os.path.join(ROOT, "bench", "pages")
 FRAMEWORKS = ["texelfit", "tfjs-webgl", "tfjs-wasm"]
 SEED = 1234
@@ -211,6 +212,7 @@ def prepare(site, args, compile_onnx, export_simplified):
     os.symlink(PAGES, os.path.join(site, "pages"))
     os.symlink(TFJS_DIST, os.path.join(site, "tfjs"))
     os.symlink(TFJS_WASM_DIST, os.path.join(site, "tfjs-wasm"))
+    os.symlink(TFJS_WEBGPU_DIST, os.path.join(site, "tfjs-webgpu"))  # (bench/webgpu.py's rows; tfjs.html loads it)
     built = {}
     for i, (name, spec) in enumerate(MODELS.items()):
         torch.manual_seed(SEED + i)

@@ -180,7 +180,8 @@ def c_like_block(body, indent: int, expr, need, form: dict) -> list[str]:
     """The lines of statements `body` in a language with C's blocks (GLSL, WGSL): `expr` prints an expression,
     `need(e)` is told of every expression printed (for the helper functions it calls), and `form` spells each
     statement: for(i, start, stop) (the loop's head), let(name, type, e), set(name, e), setlane(name, i, e),
-    out(i, e), variant(name) (the lines opening and closing a KernelDef.variant block)."""
+    out(i, e), variant(name) (the lines opening and closing a KernelDef.variant block); optionally unroll(start,
+    stop): for a loop it unrolls, a function of the loop variable giving each pass's first line (its value), else None."""
     lines: list[str] = []
     pad = "  " * indent
     for s in body:
@@ -190,6 +191,10 @@ def c_like_block(body, indent: int, expr, need, form: dict) -> list[str]:
         if kind == "variant":
             head, tail = form["variant"](s[1])
             lines += [pad + head, *c_like_block(s[2], indent + 1, expr, need, form), pad + tail]
+            continue
+        if kind == "for" and "unroll" in form and form["unroll"](s[2], s[3]) is not None:
+            for head in form["unroll"](s[2], s[3])(s[1]):  # a short loop of constant bounds: each pass a block
+                lines += [f"{pad}{{ {head}", *c_like_block(s[4], indent + 1, expr, need, form), pad + "}"]
             continue
         if kind == "for":
             lines.append(pad + form["for"](s[1], expr(s[2]), expr(s[3])))

@@ -151,7 +151,7 @@ export async function tfjsInit(tf, backend, wasmPath) {
     const gl = tf.backend().gpgpu.gl;
     const dbg = gl.getExtension('WEBGL_debug_renderer_info');
     env.renderer = dbg ? gl.getParameter(dbg.UNMASKED_RENDERER_WEBGL) : gl.getParameter(gl.RENDERER);
-  } else {
+  } else if (backend === 'wasm') {
     env.simd = await tf.env().getAsync('WASM_HAS_SIMD_SUPPORT');
     env.multithread = await tf.env().getAsync('WASM_HAS_MULTITHREAD_SUPPORT');
     env.crossOriginIsolated = self.crossOriginIsolated;

@@ -5,11 +5,11 @@ import { loadF32, loadI32, longestTaskIn, longTasksSupported, countGlCalls, prof
 // Steady-state profiles issue each draw this many times between their two syncs (common.js).
 const PROFILE_REPEAT = 8;
 
-async function open(bundle) {
+async function open(bundle, backend) {
   const t0 = performance.now();
   const mod = await import(bundle);
   const t1 = performance.now();
-  const m = await mod.createModel();
+  const m = await mod.createModel(backend ? { backend } : {}); // (bench/webgpu.py names it)
   const t2 = performance.now();
   const inSize = mod.modelInfo.inputShape.reduce((a, b) => a * b, 1);
   return { mod, m, inSize, importMs: t1 - t0, createMs: t2 - t1, createSpan: [t1, t2] };
@@ -17,9 +17,9 @@ async function open(bundle) {
 
 // Batches: 0 is the cold step, 1..warmup the warm-up, warmup+1 .. warmup+steps the timed window
 // (the same batches in every window).
-async function train({ bundle, x: xUrl, y: yUrl, batch, optimizer, warmup, steps, windows, profileFirst }) {
+async function train({ bundle, x: xUrl, y: yUrl, batch, optimizer, warmup, steps, windows, profileFirst, backend }) {
   const [x, y] = [await loadF32(xUrl), await loadI32(yUrl)];
-  const o = await open(bundle);
+  const o = await open(bundle, backend);
   const { m, inSize } = o;
   const part = (first, n) => [x.subarray(first * batch * inSize, (first + n) * batch * inSize),
                               y.subarray(first * batch, (first + n) * batch)];
@@ -45,6 +45,7 @@ async function train({ bundle, x: xUrl, y: yUrl, batch, optimizer, warmup, steps
     out.push({ ms: b - a, perStep: (b - a) / steps, lastLoss: r.loss[r.loss.length - 1], firstLoss: r.loss[0],
                longestTask: lt.longest, longTasks: lt.count });
   }
+  if (backend) return timed(o, m, { firstLoss: first.loss[0], firstStepMs: t3 - t2, windows: out });
   // Diagnostic, untimed: the WebGL calls of 10 steps.
   const diagSteps = Math.min(10, warmup);
   const diag = await countGlCalls(() => m.fit(...part(1, diagSteps), opts));
@@ -64,9 +65,9 @@ async function train({ bundle, x: xUrl, y: yUrl, batch, optimizer, warmup, steps
 }
 
 // Latency of predict at batch 1: each call uploads one sample, runs the forward pass and reads back.
-async function predict({ bundle, x: xUrl, warmup, steps, windows }) {
+async function predict({ bundle, x: xUrl, warmup, steps, windows, backend }) {
   const x = await loadF32(xUrl);
-  const o = await open(bundle);
+  const o = await open(bundle, backend);
   const { m, inSize } = o;
   const n = x.length / inSize;
   const sample = (i) => x.subarray((i % n) * inSize, (i % n + 1) * inSize);
@@ -83,6 +84,7 @@ async function predict({ bundle, x: xUrl, warmup, steps, windows }) {
     const lt = await longestTaskIn(a, b);
     out.push({ ms: b - a, perStep: (b - a) / steps, longestTask: lt.longest, longTasks: lt.count });
   }
+  if (backend) return timed(o, m, { firstOut, firstStepMs: t3 - t2, windows: out });
   const diag = await countGlCalls(async () => { for (let i = 0; i < 10; i++) await m.predict(sample(i), 1); });
   const profile = await profileGl(async () => { for (let i = 0; i < 10; i++) await m.predict(sample(i), 1); },
                                   PROFILE_REPEAT);
@@ -95,6 +97,14 @@ async function predict({ bundle, x: xUrl, warmup, steps, windows }) {
     diag: { steps: 10, ms: diag.ms, counts: diag.counts }, longTasksSupported,
     profile: { steps: 10, ...profile }, timers, info,
   };
+}
+
+// The timings alone (a backend named: bench/webgpu.py, whose rows are backends side by side; no WebGL diagnostics).
+function timed(o, m, r) {
+  const info = m.info;
+  m.dispose();
+  return { ...r, importMs: o.importMs, createMs: o.createMs, coldMs: o.createMs + r.firstStepMs,
+           perStep: median(r.windows.map((w) => w.perStep)), info };
 }
 
 // How long the page's own wake-ups take here: a chain of 50 setTimeout(0) (Chromium clamps nested
