@@ -93,6 +93,12 @@ def evaluate(sync_playwright, js, args):
     return r
 
 
+
+def save(name, r):
+    with open(os.path.join(b.ROOT, "bench", "results", name), "w") as f:
+        json.dump(r, f, indent=1)
+        f.write("\n")
+
 def main():
     from playwright.sync_api import sync_playwright
 
@@ -108,9 +114,7 @@ def main():
     r["draws"] = sum(v["calls"] for _, v in r["kernels"])
     r["syncedTotalMs"] = total
     r["byGroup"] = sorted(([k, v, v / total] for k, v in groups.items()), key=lambda t: -t[1])
-    with open(os.path.join(b.ROOT, "bench", "results", "minilm_profile.json"), "w") as f:
-        json.dump(r, f, indent=1)
-        f.write("\n")
+    save("minilm_profile.json", r)
     print(f"features({b.SENTENCES} x {b.TOKENS} tokens): {r['wallMs']:.0f} ms wall-clock; {r['draws']} draws, "
           f"{total:.0f} ms synced in all")
     for k, v, share in r["byGroup"]:
@@ -122,9 +126,7 @@ def main():
 def main_head(sync_playwright, epochs=20):
     r = head(evaluate(sync_playwright, HEAD_JS, {"tokens": b.TOKENS, "batch": b.BATCH, "epochs": epochs,
                                                  "optimizer": b.e.ADAM}))
-    with open(os.path.join(b.ROOT, "bench", "results", "minilm_head_profile.json"), "w") as f:
-        json.dump(r, f, indent=1)
-        f.write("\n")
+    save("minilm_head_profile.json", r)
     print(f"head step (batch {b.BATCH}, Adam, cached embeddings; {r['steps']} steps): {r['wallMsPerStep']:.1f} ms "
           f"wall-clock, {r['drawsPerStep']:.1f} draws {r['drawMsPerStep']:.1f} ms synced (sync {r['syncMs']:.2f} ms)")
     for k, calls, ms in r["perStep"]:

@@ -79,8 +79,8 @@ def _w(e: X) -> str:
         return f"_{op}"
     if op == "load":
         return f"{e.value}[({a[0]}) * _d.w_{e.value} + ({a[1]})]"
-    if op == "lane":
-        return f"{a[0]}[{a[1]}]"
+    if op == "lane":  # (a lane of no constant index: _lane's selects, where SwiftShader indexes through memory)
+        return f"{a[0]}[{a[1]}]" if _const(e.args[1]) is not None or e.args[0].type != "vec4" else f"_lane({a[0]}, {a[1]})"
     if op == "splat":
         return f"vec4<f32>({a[0]})"
     if op == "vec4_of":
@@ -169,6 +169,25 @@ def _unroll(start: X, stop: X):
     return lambda i: [f"const {_name(i)}: i32 = {j};" for j in range(a, b)]
 
 
+_LANE = ("fn _lane(v: vec4<f32>, i: i32) -> f32 { return select(select(select(v.w, v.z, i == 2), v.y, i == 1), v.x, "
+         "i == 0); }")
+
+
+def _with_lane(helpers: dict, need):
+    """`need`, also adding _lane where an expression reads a vec4's lane at an index that is no constant."""
+    def walk(e: X):
+        if e.op == "lane" and _const(e.args[1]) is None and e.args[0].type == "vec4":
+            helpers["_lane"] = _LANE
+        for x in e.args:
+            if isinstance(x, X):
+                walk(x)
+
+    def both(e: X):
+        walk(e)
+        need(e)
+    return both
+
+
 def wgsl(k, inputs: list[str], outputs: int) -> str:
     helpers, need = helper_functions(
         "fn _hmax(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }",
@@ -179,6 +198,7 @@ def wgsl(k, inputs: list[str], outputs: int) -> str:
                                      + ", ".join(str(v) if type_ == "int" else _float(v) if type_ == "float"
                                                  else f"vec4<f32>({', '.join(_float(x) for x in v)})" for v in values)
                                      + ");"))
+    need = _with_lane(helpers, need)
     v = _name
     lines = c_like_block(k.body, 1, _w, need, {
         "for": lambda i, start, stop: f"for (var {v(i)}: i32 = {start}; {v(i)} < {stop}; {v(i)}++) {{",

@@ -309,3 +309,20 @@ def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0
     assert sorted(got["grads"]) == sorted(named), f"gradients are keyed by the state_dict names: {sorted(got['grads'])}"
     for name, p in named.items():
         assert_close(f"{case} d{loss}/d{name}", got["grads"][name], p.grad.numpy(), **grad)
+
+
+# A fit paused by its onStep at step 7 and resumed 100 ms later, in a page's script (x, y, opts(extra) the fit's
+# options, sleep(ms)): states (before, paused, after), the steps seen when paused and 100 ms later, and the losses.
+PAUSED_AT_STEP_7 = """
+        const states = [m.state];
+        let steps = 0;
+        const p = m.fit(x, y, opts({ onStep: ({ step }) => { steps++; if (step === 7) m.pause(); } }));
+        while (m.state !== 'paused') await sleep(5);
+        states.push(m.state);
+        const paused = steps;
+        await sleep(100);
+        const later = steps;
+        m.resume();
+        const loss = (await p).loss;
+        states.push(m.state);
+"""

@@ -1,82 +1,14 @@
-"""The CPU backend (runtime/cpu.js): the same API and schedule as WebGL2, in plain JavaScript.
-
-The parity checks of test_ops.py, test_cnn_ops.py, test_train.py and test_cnn_train.py are re-run
-through the same helpers with createModel({ backend: 'cpu' }), with the same tolerances:
-  forward    atol 2e-5 + rtol 2e-4 * |ref|       gradients  atol 2e-6 + rtol 2e-4 * |ref|
-  trajectory weights atol 2e-5 + rtol 2e-4 * |ref|, losses atol 1e-5 + rtol 1e-4
-Then: the lifecycle API on the CPU, and the automatic choice of the CPU where WebGL2 is missing.
+"""The CPU backend (runtime/cpu.js): the same API and schedule as WebGL2, in plain JavaScript. Its parity checks
+against PyTorch (every op's forward and gradients, trajectories): test_backend_parity.py. Here: the lifecycle API on
+the CPU, and the automatic choice of the CPU where WebGL2 is missing.
 """
 from __future__ import annotations
-
-import zlib
 
 import pytest
 import torch
 
-from helpers import FWD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_op, check_training, run_model
-from models import (BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, OP_CASES, ShuffleNetTiny, SmallCNN, mlp_45_31_7,
-                    sample_blocked_mlp)
-
-CPU = {"backend": "cpu"}
-
-
-def _seed(case):
-    return zlib.crc32(case.encode()) % 1000
-
-
-# ---- ops: forward and every gradient -------------------------------------------------------------
-
-@pytest.mark.parametrize("case", sorted(OP_CASES))
-def test_op_cross_entropy(web, site, case):
-    factory, shape = OP_CASES[case]
-    check_op(web, site, case, factory, shape, "cross_entropy", batch=11, seed=_seed(case), options=CPU)
-
-
-@pytest.mark.parametrize("case", ["linear_relu_linear", "sigmoid_output", "unfused_activations", "matmul_add"])
-def test_op_mse(web, site, case):
-    factory, shape = OP_CASES[case]
-    check_op(web, site, case, factory, shape, "mse", batch=11, seed=_seed(case), options=CPU)
-
-
-@pytest.mark.parametrize("case", sorted(CNN_CASES))
-def test_cnn_op(web, site, case):
-    factory, shape, loss = CNN_CASES[case]
-    batch = BLOCKED_BATCH if case in BLOCKED_CASES else 3  # (the blocked passes run from 8 samples on)
-    check_op(web, site, case, factory, shape, loss, batch=batch, seed=_seed(case), options=CPU)
-
-
-# ---- training trajectories -----------------------------------------------------------------------
-
-@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
-@pytest.mark.parametrize("opt_name", ["sgd", "sgd_momentum_wd", "adam", "adamw"])
-def test_mlp_trajectory(web, site, opt_name, loss):
-    # 50 samples in batches of 16 (the last one partial), 3 epochs = 12 steps
-    got = check_training(web, site, mlp_45_31_7, (45,), opt_name, loss, samples=50, batch_size=16, epochs=3,
-                         tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=CPU)
-    assert got["info"]["backend"] == "cpu"
-
-
-def test_sample_blocked_mlp_trajectory(web, site):
-    # batches of 14 run the blocked passes, the last of 5 the one-sample twins
-    got = check_training(web, site, sample_blocked_mlp, (45,), "adam", "cross_entropy", samples=47, batch_size=14,
-                         epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=CPU)
-    assert got["info"]["backend"] == "cpu"
-
-
-def small_cnn():
-    return SmallCNN(1, 10)
-
-
-def test_small_cnn_trajectory(web, site):
-    got = check_training(web, site, small_cnn, (1, 12, 12), "adam", "cross_entropy", samples=21, batch_size=8,
-                         epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=CPU)
-    assert got["info"]["backend"] == "cpu"
-
-
-def test_shufflenet_units_trajectory(web, site):
-    got = check_training(web, site, ShuffleNetTiny, (3, 13, 11), "adam", "cross_entropy", samples=21, batch_size=8,
-                         epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=CPU)
-    assert got["info"]["backend"] == "cpu"
+from helpers import FWD, PAUSED_AT_STEP_7, assert_close, build_module, run_model
+from models import mlp_45_31_7
 
 
 # ---- the API around the backend ------------------------------------------------------------------
@@ -102,18 +34,7 @@ def test_info_lifecycle_and_checkpoints_on_cpu(web, mlp_bundle):
         const refWeights = arr(await straight.getWeights());
 
         // paused at step 7, resumed: the same run
-        const states = [m.state];
-        let steps = 0;
-        const p = m.fit(x, y, opts({ onStep: ({ step }) => { steps++; if (step === 7) m.pause(); } }));
-        while (m.state !== 'paused') await sleep(5);
-        states.push(m.state);
-        const paused = steps;
-        await sleep(100);
-        const later = steps;
-        m.resume();
-        const loss = (await p).loss;
-        states.push(m.state);
-        const weightsAfterResume = arr(await m.getWeights());
+""" + PAUSED_AT_STEP_7 + """        const weightsAfterResume = arr(await m.getWeights());
 
         // saved, restored into a fresh model, trained on: the same as training on
         await m.save('cpu-progress');

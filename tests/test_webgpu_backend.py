@@ -2,21 +2,19 @@
 CPU backend, its kernels the generic ones printed as WGSL compute shaders (codegen/kl_wgsl.py), run by Chromium on
 SwiftShader's WebGPU adapter (--enable-unsafe-webgpu). A missing adapter fails these tests loudly: it is not a skip.
 
-The parity checks of test_cpu_backend.py, through the same helpers with createModel({ backend: 'webgpu' }) and the
-same tolerances:
-  forward    atol 2e-5 + rtol 2e-4 * |ref|       gradients  atol 2e-6 + rtol 2e-4 * |ref|
-  trajectory weights atol 2e-5 + rtol 2e-4 * |ref|, losses atol 1e-5 + rtol 1e-4
-Then: the API around the backend (info, pause and resume, checkpoints shared with WebGL2, dispose, its errors).
+Its parity checks against PyTorch (every op's forward and gradients, trajectories) are test_backend_parity.py's, with
+the CPU backend's. Here: what is WebGPU's own (convs reading column parts, the proximal term, EfficientNet and MiniLM
+in their own files), and the API around the backend (info, the default choice, pause and resume, checkpoints shared
+with WebGL2, a lost device, a worker, dispose, its errors), with the tolerances of test_ops.py.
 """
 from __future__ import annotations
-
-import zlib
 
 import pytest
 import torch
 
-from helpers import FWD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_op, check_training, run_model
-from models import BLOCKED_BATCH, BLOCKED_CASES, CNN_CASES, OP_CASES, SmallCNN, mlp_45_31_7, sample_blocked_mlp
+from helpers import (FWD, PAUSED_AT_STEP_7, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_training,
+                     run_model)
+from models import SmallCNN, mlp_45_31_7
 
 WEBGPU = {"backend": "webgpu"}
 
@@ -24,67 +22,6 @@ WEBGPU = {"backend": "webgpu"}
 @pytest.fixture
 def web(webgpu_web):
     return webgpu_web
-
-
-def _seed(case):
-    return zlib.crc32(case.encode()) % 1000
-
-
-# ---- ops: forward and every gradient -------------------------------------------------------------
-
-@pytest.mark.parametrize("case", sorted(OP_CASES))
-def test_op_cross_entropy(web, site, case):
-    factory, shape = OP_CASES[case]
-    check_op(web, site, case, factory, shape, "cross_entropy", batch=11, seed=_seed(case), options=WEBGPU)
-
-
-@pytest.mark.parametrize("case", ["linear_relu_linear", "sigmoid_output", "matmul_add"])
-def test_op_mse(web, site, case):
-    factory, shape = OP_CASES[case]
-    check_op(web, site, case, factory, shape, "mse", batch=11, seed=_seed(case), options=WEBGPU)
-
-
-@pytest.mark.parametrize("case", sorted(CNN_CASES))
-def test_cnn_op(web, site, case):
-    factory, shape, loss = CNN_CASES[case]
-    batch = BLOCKED_BATCH if case in BLOCKED_CASES else 3
-    check_op(web, site, case, factory, shape, loss, batch=batch, seed=_seed(case), options=WEBGPU)
-
-
-def test_convs_reading_column_parts_match_pytorch(web, site):
-    """test_cnn_ops' frozen column chain (convs reading their input's column parts, c.colin: 1x1 and depthwise, stride
-    1 and 2, padded, a partial last block): interleaved into whole rows, computed, dealt out into the parts again
-    (webgpu.js: columnStages); predict equals PyTorch's and the head trains on it as in PyTorch."""
-    from test_cnn_ops import CHAIN, COLUMN_TRUNK
-
-    from models import ColumnChain
-
-    torch.manual_seed(11)
-    m = ColumnChain().eval()
-    x = torch.randn(3, *CHAIN)
-    url = build_module(site, "column_chain_webgpu", m, CHAIN, max_batch=8, trainable="fc.*", webgpu=True)
-    got = run_model(web, url, "return Array.from(await m.predict(new Float32Array(args), 3));", x.reshape(-1).tolist(),
-                    WEBGPU)
-    assert_close("column chain forward (webgpu)", got, m(x).detach().numpy(), **FWD)
-    check_training(web, site, ColumnChain, CHAIN, "adam", "cross_entropy", samples=6, batch_size=3, epochs=2,
-                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=12, options=WEBGPU, max_batch=8, frozen=COLUMN_TRUNK)
-
-
-# ---- training trajectories -----------------------------------------------------------------------
-
-@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
-@pytest.mark.parametrize("opt_name", ["sgd_momentum_wd", "adam", "adamw"])
-def test_mlp_trajectory(web, site, opt_name, loss):
-    got = check_training(web, site, mlp_45_31_7, (45,), opt_name, loss, samples=50, batch_size=16, epochs=3,
-                         tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=WEBGPU)
-    assert got["info"]["backend"] == "webgpu" and got["info"]["precision"] == "float32"
-
-
-def test_sample_blocked_mlp_trajectory(web, site):
-    # batches of 14, where WebGL2 runs the sample-blocked passes: WebGPU runs their one-sample twins
-    got = check_training(web, site, sample_blocked_mlp, (45,), "adam", "cross_entropy", samples=47, batch_size=14,
-                         epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, options=WEBGPU)
-    assert got["info"]["backend"] == "webgpu"
 
 
 def small_cnn():
@@ -120,18 +57,7 @@ def test_info_pause_resume_and_checkpoints_shared_with_webgl2(web, mlp_bundle):
         const refWeights = arr(await straight.getWeights());
         straight.dispose();
 
-        const states = [m.state];
-        let steps = 0;
-        const p = m.fit(x, y, opts({ onStep: ({ step }) => { steps++; if (step === 7) m.pause(); } }));
-        while (m.state !== 'paused') await sleep(5);
-        states.push(m.state);
-        const paused = steps;
-        await sleep(100);
-        const later = steps;
-        m.resume();
-        const loss = (await p).loss;
-        states.push(m.state);
-        const resumed = arr(await m.getWeights());
+""" + PAUSED_AT_STEP_7 + """        const resumed = arr(await m.getWeights());
 
         // WebGPU -> WebGL2 -> WebGPU: one more epoch on each side of each checkpoint
         await m.save('webgpu-progress');
