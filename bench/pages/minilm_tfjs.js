@@ -50,7 +50,7 @@ function embed(w, ids) {
   const [n, t] = ids.shape;
   const e = tf.gather(w['bert.embeddings.word_embeddings.weight'], ids.reshape([n * t]))
     .add(tf.tile(w.position_embeddings.slice([0, 0], [t, -1]), [n, 1]))
-    .add(w['bert.embeddings.token_type_embeddings.weight'].slice([0, 0], [1, -1]));
+    .add(w.token_type_0.reshape([1, -1])); // (texelfit.minilm's buffer: token type 0's row, the only one read)
   return layerNorm(e, w['bert.embeddings.LayerNorm.weight'], w['bert.embeddings.LayerNorm.bias']);
 }
 function layers(w, h, mask, from, to) {
