@@ -24,16 +24,34 @@ function wgslGrid(rows, width) {
   return [Math.ceil(groups / y), y];
 }
 
+// Every pass of the schedule that runs here.
+function webgpuPasses() {
+  return [SCHEDULE.forward, SCHEDULE.backward, ...SCHEDULE.loss.flatMap((kinds) => Object.values(kinds)),
+    ...Object.values(SCHEDULE.optimizer)].flat().filter(webgpuRuns);
+}
+
+// The bytes of the scratch buffers, one of each kind that every pass shares (they run one after another): g an
+// optimizer's gradient (the largest parameter's), y a column-blocked conv's whole rows, x its input's interleaved.
+function webgpuScratchBytes() {
+  const bytes = { g: 16, x: 16, y: 16 }, grow = (kind, b) => { bytes[kind] = Math.max(bytes[kind], b); };
+  for (const p of webgpuPasses()) {
+    const k = KERNELS[p.kernel], c = k.consts, out = TEXTURES[p.outputs[0]];
+    const P = k.gradient && TEXTURES[p.inputs[k.gradient.inputs + 1]]; // (an optimizer's parameter)
+    if (P) grow('g', P.width * P.height * 16);
+    if (c.colblock) grow('y', c.ow * c.oc4 * out.height * 16);
+    if (c.colin) grow('x', c.iw * c.ic4 * (out.height / c.oh) * c.ih * 16);
+  }
+  return bytes;
+}
+
 // The limits the model needs: the most storage buffers a dispatch that runs here binds (not a blocked twin's),
-// and the largest buffer (a storage of codegen/memory.py is its largest texture).
+// and the largest buffer (a storage of codegen/memory.py is its largest texture; a scratch buffer).
 function webgpuNeeds() {
-  let buffers = 0, bytes = 16;
+  let buffers = 0, bytes = Math.max(...Object.values(webgpuScratchBytes()));
   const binds = (w) => (w ? w[1].filter(([name]) => name.startsWith('w_')).length + w[2] : 0);
-  const lists = [SCHEDULE.forward, SCHEDULE.backward, ...SCHEDULE.loss.flatMap((kinds) => Object.values(kinds)),
-    ...Object.values(SCHEDULE.optimizer)];
-  for (const p of lists.flat()) {
+  for (const p of webgpuPasses()) {
     const k = KERNELS[p.kernel];
-    if (webgpuRuns(p)) buffers = Math.max(buffers, binds(k.wgsl), binds(k.gradient?.wgsl), binds(k.colin));
+    buffers = Math.max(buffers, binds(k.wgsl), binds(k.gradient?.wgsl), binds(k.colin));
   }
   for (const spec of TEXTURES) bytes = Math.max(bytes, spec.width * spec.height * 16);
   return { maxStorageBuffersPerShaderStage: buffers, maxStorageBufferBindingSize: bytes, maxBufferSize: bytes };
@@ -46,7 +64,9 @@ class WebGpuRunner {
     this.device = device;
     this.textures = textures;
     this.pipelines = new Map(); // WGSL index -> compute pipeline
-    this.scratch = new Map(); // its name -> a scratch buffer's record: an optimizer's G, a column-blocked conv's rows
+    // the scratch buffers (webgpuScratchBytes), made with the textures: a device that cannot hold them fails createModel
+    this.scratch = Object.fromEntries(Object.entries(webgpuScratchBytes()).map(([kind, size]) =>
+      [kind, device.createBuffer({ size, usage: GPUBufferUsage.STORAGE })]));
     this.uniformBuffers = [];
     loadSchedule(this, textures);
   }
@@ -55,7 +75,7 @@ class WebGpuRunner {
     const kernel = KERNELS[p.kernel], out = outputs[0];
     return {
       kernel, inputs, outputs, rows: p.rows, label: p.label, values: p.values ?? null, stages: null,
-      blocked: p.blocked ?? null, // a twin of a sample-blocked pass: the one-sample one runs here (runsAt)
+      blocked: p.blocked ?? null, // a twin of a sample-blocked pass: the one-sample one runs here (webgpuRuns)
       wide: p.wide ?? null, // a draw of a column-blocked forward: the one into all its parts runs here
       height: out.spec.height, sampleRows: out.spec.sampleRows, out,
     };
@@ -74,7 +94,7 @@ class WebGpuRunner {
     }
     if (k.consts.colblock) return this.#columnStages(r);
     if (!g) return [this.#stage(k.wgsl, r.inputs, r.outputs)];
-    const P = r.inputs[g.inputs + 1], G = this.#scratch('g:' + P.spec.name, P.spec.width, P.spec.height);
+    const P = r.inputs[g.inputs + 1], G = this.#scratch('g', P.spec.width, P.spec.height);
     return [this.#stage(g.wgsl, r.inputs.slice(0, g.inputs), [G]), this.#stage(k.wgsl, [G, ...r.inputs.slice(g.inputs)], r.outputs)];
   }
 
@@ -85,11 +105,11 @@ class WebGpuRunner {
     let inputs = r.inputs;
     const stages = [];
     if (c.colin) {
-      const X = this.#scratch('x:' + r.label, c.iw * c.ic4, (r.height / c.oh) * c.ih);
+      const X = this.#scratch('x', c.iw * c.ic4, (r.height / c.oh) * c.ih);
       stages.push(this.#stage(k.colin, inputs.slice(0, n), [X], { u_c4: c.ic4, u_qb: Math.ceil(c.iw / b) }, c.ih / c.oh));
       inputs = [X, ...inputs.slice(n)];
     }
-    const Y = this.#scratch('y:' + r.label, c.ow * c.oc4, r.height);
+    const Y = this.#scratch('y', c.ow * c.oc4, r.height);
     stages.push(this.#stage(k.wgsl, inputs, [Y]));
     for (let part = 0; part < n; part++) {
       stages.push(this.#stage(k.deal, [Y], [r.outputs[part]], { u_c4: c.oc4, u_qb: Math.ceil(c.ow / b), u_part: part, u_ow: c.ow }));
@@ -97,15 +117,9 @@ class WebGpuRunner {
     return stages;
   }
 
-  // A buffer of width x height texels that only the passes use, made once under its name.
-  #scratch(name, width, height) {
-    let rec = this.scratch.get(name);
-    if (!rec) {
-      const buffer = this.device.createBuffer({ size: width * height * 16, usage: GPUBufferUsage.STORAGE });
-      rec = { spec: { name, width, height }, tex: [buffer], cur: 0, double: false };
-      this.scratch.set(name, rec);
-    }
-    return rec;
+  // Width x height texels of the scratch buffer of `kind`, as a texture record.
+  #scratch(kind, width, height) {
+    return { spec: { name: kind, width, height }, tex: [this.scratch[kind]], cur: 0, double: false };
   }
 
   // A dispatch of WGSL[code] (a kernel's `wgsl`: [code, fields, outputs]) reading `inputs` into `outputs`; `values`:
@@ -194,9 +208,8 @@ class WebGpuRunner {
   }
 
   dispose() {
-    for (const b of [...this.uniformBuffers, ...[...this.scratch.values()].map((g) => g.tex[0])]) b.destroy();
+    for (const b of [...this.uniformBuffers, ...Object.values(this.scratch)]) b.destroy();
     this.uniformBuffers = [];
-    this.scratch.clear();
   }
 }
 
