@@ -311,6 +311,20 @@ def check_op(web, site, case: str, factory, shape, loss: str, *, batch=5, seed=0
         assert_close(f"{case} d{loss}/d{name}", got["grads"][name], p.grad.numpy(), **grad)
 
 
+def pause_data() -> dict:
+    """40 samples of 45 features and 7 classes, for a page's script that starts with PAUSE_PRELUDE."""
+    g = torch.Generator().manual_seed(5)
+    return {"x": torch.randn(40 * 45, generator=g).tolist(), "y": torch.randint(0, 7, (40,), generator=g).tolist()}
+
+
+# x and y of pause_data, sleep(ms), and opts(extra): a fit's options (batches of 4, 3 epochs, Adam), with extra's
+PAUSE_PRELUDE = """
+        const x = new Float32Array(args.x), y = Int32Array.from(args.y);
+        const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+        const opts = (extra) => ({ batchSize: 4, epochs: 3, shuffle: true, seed: 3,
+                                   optimizer: { type: 'adam', lr: 0.01 }, ...extra });
+"""
+
 # A fit paused by its onStep at step 7 and resumed 100 ms later, in a page's script (x, y, opts(extra) the fit's
 # options, sleep(ms)): states (before, paused, after), the steps seen when paused and 100 ms later, and the losses.
 PAUSED_AT_STEP_7 = """

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import FWD, PAUSED_AT_STEP_7, assert_close, build_module, run_model
+from helpers import FWD, PAUSE_PRELUDE, PAUSED_AT_STEP_7, assert_close, build_module, pause_data, run_model
 from models import mlp_45_31_7
 
 
@@ -20,13 +20,8 @@ def mlp_bundle(site):
 
 
 def test_info_lifecycle_and_checkpoints_on_cpu(web, mlp_bundle):
-    g = torch.Generator().manual_seed(5)
-    data = {"x": torch.randn(40 * 45, generator=g).tolist(), "y": torch.randint(0, 7, (40,), generator=g).tolist()}
-    got = run_model(web, mlp_bundle, """
-        const x = new Float32Array(args.x), y = Int32Array.from(args.y);
-        const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-        const opts = (extra) => ({ batchSize: 4, epochs: 3, shuffle: true, seed: 3,
-                                   optimizer: { type: 'adam', lr: 0.01 }, ...extra });
+    data = pause_data()
+    got = run_model(web, mlp_bundle, PAUSE_PRELUDE + """
         const make = () => mod.createModel({ backend: 'cpu' });
         // an uninterrupted run on a second model, from the same initial weights
         const straight = await make();

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import (FWD, PAUSED_AT_STEP_7, TRAJ_LOSS, TRAJ_W, assert_close, build_module, check_training,
-                     run_model)
+from helpers import (FWD, PAUSE_PRELUDE, PAUSED_AT_STEP_7, TRAJ_LOSS, TRAJ_W, assert_close, build_module,
+                     check_training, pause_data, run_model)
 from models import SmallCNN, mlp_45_31_7
 
 WEBGPU = {"backend": "webgpu"}
@@ -45,13 +45,8 @@ def mlp_bundle(site):
 def test_info_pause_resume_and_checkpoints_shared_with_webgl2(web, mlp_bundle):
     """Pause and resume mid-fit give the uninterrupted run; a checkpoint saved on WebGPU restores on WebGL2 and one
     saved on WebGL2 on WebGPU, the fits after them equal within float32 rounding; dispose frees the device."""
-    g = torch.Generator().manual_seed(5)
-    data = {"x": torch.randn(40 * 45, generator=g).tolist(), "y": torch.randint(0, 7, (40,), generator=g).tolist()}
-    got = run_model(web, mlp_bundle, """
-        const x = new Float32Array(args.x), y = Int32Array.from(args.y);
-        const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-        const opts = (extra) => ({ batchSize: 4, epochs: 3, shuffle: true, seed: 3,
-                                   optimizer: { type: 'adam', lr: 0.01 }, ...extra });
+    data = pause_data()
+    got = run_model(web, mlp_bundle, PAUSE_PRELUDE + """
         const straight = await mod.createModel({ backend: 'webgpu' });
         const reference = (await straight.fit(x, y, opts({}))).loss;
         const refWeights = arr(await straight.getWeights());
