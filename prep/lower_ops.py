@@ -20,6 +20,9 @@ GlobalMaxPool
             (nn.AdaptiveMaxPool2d(1), nn.AdaptiveMaxPool1d(1)) ReduceMax over every axis after the channels,
             keepdims: the reduce op's max, whose gradient is shared among ties (one per sample and channel).
 ReduceMin   (torch.amin) Neg, ReduceMax, Neg: the gradient shared among ties, as torch.amin's (and amax's).
+Gelu        (opset 20: torch's exporters at their default opset; nn.GELU) what torch exports at opset 17:
+            x * (1 + erf(x / sqrt 2)) * 0.5, or with approximate="tanh" x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+            * 0.5, elementwise ops the build has.
 """
 from __future__ import annotations
 
@@ -264,3 +267,26 @@ def _reduce_min(node, ctx: LowerCtx) -> list:
 
 LOWERINGS["GlobalMaxPool"] = _global_max_pool
 LOWERINGS["ReduceMin"] = _reduce_min
+
+
+def _gelu(node, ctx: LowerCtx) -> list:
+    x, how = node.input[0], attrs_of(node).get("approximate", "none")
+    const = lambda hint, v: ctx.initializer(f"{node.name or 'Gelu'}/{hint}", np.float32(v))  # noqa: E731
+    if how == "tanh":
+        cube = ctx.node(node, "Mul", [x, x])
+        cube3 = ctx.node(node, "Mul", [cube.output[0], x])
+        scaled = ctx.node(node, "Mul", [cube3.output[0], const("c", 0.044715)])
+        inner = ctx.node(node, "Add", [x, scaled.output[0]])
+        arg = ctx.node(node, "Mul", [inner.output[0], const("k", np.sqrt(2.0 / np.pi))])
+        curve = [cube, cube3, scaled, inner, arg, ctx.node(node, "Tanh", [arg.output[0]])]
+    elif how == "none":
+        arg = ctx.node(node, "Div", [x, const("sqrt2", np.sqrt(2.0))])
+        curve = [arg, ctx.node(node, "Erf", [arg.output[0]])]
+    else:
+        raise BuildError(f"Gelu node '{node.name}': approximate={how!r} is not 'none' or 'tanh'")
+    one = ctx.node(node, "Add", [curve[-1].output[0], const("one", 1.0)])
+    times = ctx.node(node, "Mul", [x, one.output[0]])
+    return [*curve, one, times, ctx.node(node, "Mul", [times.output[0], const("half", 0.5)], node.output[0])]
+
+
+LOWERINGS["Gelu"] = _gelu

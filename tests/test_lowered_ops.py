@@ -396,3 +396,35 @@ def test_training_trajectories(web, site, factory, shape, loss, backend, opt):
     """Every named parameter (EinsumAttention's `wq`, read by `btf,gf->btg`, included) after 6 steps."""
     check_training(web, site, factory, shape, opt, loss, samples=12, batch_size=4, epochs=2, tol_w=TRAJ_W,
                    tol_loss=TRAJ_LOSS, options=BACKENDS[backend])
+
+
+class _Gelus(nn.Module):
+    def __init__(self, approximate):
+        super().__init__()
+        self.conv, self.fc, self.approximate = nn.Conv2d(3, 4, 3), nn.Linear(4, 5), approximate
+
+    def forward(self, x):
+        return self.fc(F.gelu(self.conv(x), approximate=self.approximate).mean((2, 3)))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_an_onnx_gelu_lowers_to_what_torch_computes(approximate, tmp_path):
+    """A user's file with ONNX's own Gelu (opset 20, torch's exporters' default; opset 17 writes it out): the
+    build lowers it to what opset 17 exports, and the IR computes the module and its input gradient."""
+    from texelfit.prep.load import load_onnx
+
+    torch.manual_seed(4)
+    m = _Gelus(approximate).eval()
+    path = str(tmp_path / "gelu.onnx")
+    torch.onnx.export(m, torch.randn(1, 3, 6, 6), path, dynamo=False, opset_version=20, input_names=["x"],
+                      dynamic_axes={"x": {0: "n"}})
+    assert "Gelu" in {n.op_type for n in onnx.load(path).graph.node}
+    g = to_ir(load_onnx(path), (3, 6, 6))
+    x = torch.randn(3, 3, 6, 6, requires_grad=True)
+    xr = x.detach().clone().requires_grad_(True)
+    got, ref = IRModule(g)(x), m(xr)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    got.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-5)
+    assert set(g.params) == set(dict(m.named_parameters()))
