@@ -160,12 +160,12 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
                       "outputs": k.outputs, "uniforms": list(k.uniforms),
                       "template": k.template.removesuffix(".glsl.j2")}
             g = k.gradient  # an optimizer's gradient kernel (ops/optim.py): the update reads its output as G
-            fn = js(k.kl, (["G"] + list(k.inputs[len(g.inputs):])) if g else _generic_inputs(k),
-                    len(k.kl.written) if k.routine else k.outputs)
+            inputs = (["G"] + list(k.inputs[len(g.inputs):])) if g else _generic_inputs(k)
+            outputs = len(k.kl.written) if k.routine else k.outputs
+            fn = js(k.kl, inputs, outputs)
             record["cpu"] = source_id(fn)[:10]
             if webgpu is not None:  # the same generic kernel as a compute shader (runtime/webgpu.js runs it as the CPU its function)
-                record["wgsl"] = wgsl_ref(k.kl, (["G"] + list(k.inputs[len(g.inputs):])) if g else _generic_inputs(k),
-                                          len(k.kl.written) if k.routine else k.outputs)
+                record["wgsl"] = wgsl_ref(k.kl, inputs, outputs)
             record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
             # a routine's sample blocking (webgl2/blocking.py): the CPU computes the generic kernel, then deals it out
             record["consts"].update({n: k.consts[n] for n in _LAID_OUT if n in k.consts and k.routine})
@@ -179,13 +179,14 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
             generated[record["cpu"]] = fn
             if g is not None:  # ... computed by its gradient's function first (runtime/cpu.js: cpuOptimizer)
                 assert not k.kl.symbols and g.kl is not None, k.name  # (the update's consts are its gradient's)
-                gfn = js(g.kl, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
+                g_outputs = len(g.kl.written) if g.routine else g.outputs
+                gfn = js(g.kl, list(g.inputs), g_outputs)
                 record["gradient"] = {"inputs": len(g.inputs), "cpu": source_id(gfn)[:10]}
                 record["consts"] = {n: v for n, v in sorted(g.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", gfn)}
                 record["consts"].update({n: g.consts[n] for n in _LAID_OUT if n in g.consts and g.routine})
                 generated[record["gradient"]["cpu"]] = gfn
                 if webgpu is not None:
-                    record["gradient"]["wgsl"] = wgsl_ref(g.kl, list(g.inputs), len(g.kl.written) if g.routine else g.outputs)
+                    record["gradient"]["wgsl"] = wgsl_ref(g.kl, list(g.inputs), g_outputs)
             kernels.append(record)
         return index[sid]
 

@@ -41,12 +41,18 @@ async function restoreContext(s) {
   const gl = s.gl;
   try {
     s.caps = probe(gl, s.options); // extensions are enabled anew on a restored context
-    s.gpu = await GpuDevice.create(gl, s.caps);
-    loadSnapshot(s, s.snapshot); // (createModel made the first one)
+    deviceRestored(s, await GpuDevice.create(gl, s.caps));
   } catch (e) {
     if (gl.isContextLost()) return; // lost again while rebuilding: wait for the next restore
     throw e;
   }
+}
+
+// A new device in place of a lost one (a restored WebGL context's, or webgpu.js's new GPUDevice): the latest
+// snapshot loaded into it (createModel made the first one), and a waiting fit woken to replay from there.
+function deviceRestored(s, gpu) {
+  s.gpu = gpu;
+  loadSnapshot(s, s.snapshot);
   s.lost = false;
   s.generation++;
   if (s.state === 'lost') s.state = 'idle';

@@ -361,16 +361,13 @@ function watchDevice(s) {
     s.lost = true;
     s.state = 'lost';
     notify(s);
+    let next;
     try {
-      s.gpu = await WebGpuDevice.create(s.options);
+      next = await WebGpuDevice.create(s.options);
     } catch {
       return;
     }
-    loadSnapshot(s, s.snapshot);
-    s.lost = false;
-    s.generation++;
-    if (s.state === 'lost') s.state = 'idle';
-    watchDevice(s);
-    notify(s);
+    deviceRestored(s, next);
+    watchDevice(s); // (now the new device's loss)
   });
 }
