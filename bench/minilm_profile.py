@@ -3,10 +3,12 @@ a head step on cached embeddings goes (issue 35: the fixed cost of a step).
 
     .venv/bin/python bench/minilm_profile.py          # writes bench/results/minilm_profile.json
     .venv/bin/python bench/minilm_profile.py --head   # writes bench/results/minilm_head_profile.json
+    .venv/bin/python bench/minilm_profile.py --last   # writes bench/results/minilm_last_profile.json
 
 Builds the head-trainable bundle as bench/minilm.py does (32 tokens), opens one page, runs
 features(16) twice, times a third (wall-clock), then profiles a fourth with every draw synced
 (bench/pages/common.js: profileGl): per kernel, calls and synced ms; and the same grouped by op.
+--last: the same for one fine-tune step of bench/minilm.py's 'last' bundle (batch 8, Adam, dropout off).
 --head: bench/minilm.py's head row (fit on the 16 cached embeddings, cacheTrunk, Adam, batch 8, 20 epochs), timed
 and profiled from its first step on (each fit caches the encoder's output before it): per kernel and per upload
 (texSubImage2D) and readback, calls and ms a step, and the wall-clock a step beside the synced draws' sum.
@@ -70,6 +72,26 @@ HEAD_JS = """async (a) => {
 }"""
 
 
+LAST_JS = """async (a) => {
+  const { profileGl, loadI32 } = await import(a.url + '/pages/common.js');
+  const mod = await import(a.url + '/bundles/last/minilm.js');
+  const m = await mod.createModel();
+  const ids = await loadI32(a.url + '/data/input_ids.bin'), mask = await loadI32(a.url + '/data/attention_mask.bin');
+  const y = await loadI32(a.url + '/data/y.bin'), k = a.batch * a.tokens;
+  const x = { input_ids: ids.subarray(0, k), attention_mask: mask.subarray(0, k) };
+  const step = () => m.fit(x, y.subarray(0, a.batch), { batchSize: a.batch, epochs: 1, shuffle: false,
+                                                         optimizer: a.optimizer, dropout: false });
+  for (let i = 0; i < 2; i++) await step();
+  const t0 = performance.now();
+  await step();
+  const wall = performance.now() - t0;
+  const p = await profileGl(step, 1);
+  m.dispose();
+  return { wallMs: wall, profiledMs: p.ms, syncMs: p.syncMs,
+           kernels: Object.entries(p.byKernel).sort((u, v) => v[1].ms - u[1].ms) };
+}"""
+
+
 def head(r) -> dict:
     draws = [row for row in r["perStep"] if not row[0].startswith("(")]
     return dict(r, drawsPerStep=sum(row[1] for row in draws), drawMsPerStep=sum(row[2] for row in draws))
@@ -105,7 +127,8 @@ def main():
     if "--head" in sys.argv[1:]:  # (--head EPOCHS: another number of epochs than 20)
         i = sys.argv.index("--head")
         return main_head(sync_playwright, *[int(v) for v in sys.argv[i + 1:i + 2] if v.isdigit()])
-    r = evaluate(sync_playwright, JS, {"tokens": b.TOKENS})
+    last = "--last" in sys.argv[1:]  # the fine-tune step (last layer + head, batch 8, Adam) where not features(16)
+    r = evaluate(sync_playwright, LAST_JS if last else JS, {"tokens": b.TOKENS, "batch": b.BATCH, "optimizer": b.e.ADAM})
     total = sum(v["ms"] for _, v in r["kernels"])
     groups = {}
     for k, v in r["kernels"]:
@@ -114,8 +137,9 @@ def main():
     r["draws"] = sum(v["calls"] for _, v in r["kernels"])
     r["syncedTotalMs"] = total
     r["byGroup"] = sorted(([k, v, v / total] for k, v in groups.items()), key=lambda t: -t[1])
-    save("minilm_profile.json", r)
-    print(f"features({b.SENTENCES} x {b.TOKENS} tokens): {r['wallMs']:.0f} ms wall-clock; {r['draws']} draws, "
+    save("minilm_last_profile.json" if last else "minilm_profile.json", r)
+    what = f"fine-tune step (batch {b.BATCH})" if last else f"features({b.SENTENCES} x {b.TOKENS} tokens)"
+    print(f"{what}: {r['wallMs']:.0f} ms wall-clock; {r['draws']} draws, "
           f"{total:.0f} ms synced in all")
     for k, v, share in r["byGroup"]:
         print(f"  {k:32s} {v:7.0f} ms  {share:5.1%}")

@@ -87,6 +87,9 @@ class Pass:
     # one, runs at batches of blocking.BLOCK_MIN_BATCH or more on a device drawing blocking.SAMPLE_BLOCK
     # targets at once; False, the one-sample one, runs otherwise; None: the pass always runs
     blocked: bool | None = None
+    # the batch a blocked twin runs from where not BLOCK_MIN_BATCH: 1 for a row-blocked token matmul's
+    # (blocking.row_blocked: its 8 rows a fragment are tokens of one sample)
+    block_from: int | None = None
     # which draw of a column-blocked conv forward it is (ops/common.py; blocking.column_blocked): True, the
     # one into all blocking.COLUMN_PARTS parts, runs on a device drawing that many targets at once; False,
     # a draw of a half, runs otherwise; None: the pass always runs

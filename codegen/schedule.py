@@ -195,6 +195,7 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
                  "outputs": [tex[n] for n in p.outputs], "rows": p.rows,
                  "label": p.label, **({"values": p.values} if p.values else {}),
                  **({"blocked": p.blocked} if p.blocked is not None else {}),
+                 **({"blockFrom": p.block_from} if p.block_from is not None else {}),
                  **({"wide": p.wide} if p.wide is not None else {})} for p in ps]
 
     data = {

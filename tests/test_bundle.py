@@ -150,7 +150,8 @@ def test_shipped_runtime_is_compact(factory, shape):
     'webgpu' }) names --webgpu: no_webgpu.js, a lost device's watch in listen) and a fit's state set again after a
     restore, +77 bytes (37,763): the budget is 37,800; createModel's default choice (WebGPU first in a bundle built
     with --webgpu, the WebGL2-only options that keep it on WebGL2) and m.info.fallbackReason, +204 bytes (37,967): the
-    budget is 38,000.
+    budget is 38,000; the batch a blocked twin runs from (Pass.block_from: a row-blocked token matmul's runs from 1),
+    +38 bytes (38,005): the budget is 38,050.
     The opening comment and each shader's kernel-name line stay."""
     import gzip
 
@@ -161,7 +162,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 38_000
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 38_050
 
 
 def test_compact_js_keeps_strings_and_template_literals():

@@ -40,20 +40,22 @@ def test_type_rules():
             k.let(name, 1)
 
 
-def _run_js(k, inputs: dict[str, np.ndarray], out_width: int, rows: int, u: dict | None = None) -> np.ndarray:
-    """Runs the printed function in node: textures are [rows, width, 4] float32 arrays; `u` the uniforms."""
-    fn = js(k, list(inputs), 1)
+def _run_js(k, inputs: dict[str, np.ndarray], out_width: int, rows: int, u: dict | None = None, outputs: int = 1):
+    """Runs the printed function in node: textures are [rows, width, 4] float32 arrays; `u` the uniforms. With
+    `outputs` > 1, a list of that many."""
+    fn = js(k, list(inputs), outputs)
     tex = {n: {"width": a.shape[1], "data": a.reshape(-1).tolist()} for n, a in inputs.items()}
     script = f"""
 const fn = {fn};
 const t = {json.dumps(tex)};
 const ins = {json.dumps(list(inputs))}.map((n) => ({{ width: t[n].width, data: Float32Array.from(t[n].data) }}));
-const out = {{ width: {out_width}, data: new Float32Array({rows * out_width * 4}) }};
-fn({json.dumps(k.symbols)}, ins, [out], {json.dumps(u or {})}, {rows});
-console.log(JSON.stringify(Array.from(out.data)));
+const outs = Array.from({{ length: {outputs} }}, () => ({{ width: {out_width}, data: new Float32Array({rows * out_width * 4}) }}));
+fn({json.dumps(k.symbols)}, ins, outs, {json.dumps(u or {})}, {rows});
+console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 """
     got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
-    return np.array(json.loads(got), dtype=np.float64).reshape(rows, out_width, 4)
+    arrays = [np.array(o, dtype=np.float64).reshape(rows, out_width, 4) for o in json.loads(got)]
+    return arrays[0] if outputs == 1 else arrays
 
 
 def _packed(rows: int, positions: int, c: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -217,10 +219,42 @@ def test_matmul_kernels_printed_as_javascript(k):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("k,p", [(6, 5), (9, 3), (8, 6), (16, 5)])
+def test_row_blocked_matmul_kernels_equal_the_one_row_kernels(k, p):
+    """The row-blocked twins (8 rows a fragment into 8 outputs, row 8r + t in row r of output t: ops/matmul.py
+    _rows_twins) against the one-row kernels on the same inputs: 2 samples of 8 tokens, a weight [k, p] with a bias;
+    the weight gradient's where k is a multiple of 8 (blocking.weight_grad_blocked)."""
+    from codegen.ops.matmul import (_forward_kl, _forward_rows_kl, _grad_a_kl, _grad_a_rows_kl, _grad_weight_kl,
+                                    _grad_weight_rows_kl)
+
+    rng = np.random.default_rng(k * p)
+    n, rows, p4, k4 = 2, 8, -(-p // 4), -(-k // 4)
+    c = dict(groups=1, m=rows, k=k, p=p, p4=p4, rows_a=rows, rows_b=0, weight=True, has_bias=True)
+    a, w, bias, dy = (rng.standard_normal(s) for s in ((n * rows, k), (k, p), (1, p), (n * rows, p)))
+    ins = {"A": _tokens(a), "B": _tokens(w), "BIAS": _tokens(bias)}
+
+    def blocked(parts):  # row 8r + t of the tensor from row r of part t
+        return np.stack(parts, 1).reshape(-1, *parts[0].shape[1:])
+
+    one = _run_js(_forward_kl(c), ins, p4, n * rows)
+    np.testing.assert_allclose(one.reshape(n * rows, -1)[:, :p], a @ w + bias, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(blocked(_run_js(_forward_rows_kl(c, 8), ins, p4, n * rows // 8, outputs=8)), one)
+    ins = {"DY": _tokens(dy), "B": _tokens(w)}
+    one = _run_js(_grad_a_kl(c), ins, k4, n * rows)
+    np.testing.assert_array_equal(blocked(_run_js(_grad_a_rows_kl(c, 8), ins, k4, n * rows // 8, outputs=8)), one)
+    if k % 8 == 0:
+        ins, u = {"A": _tokens(a), "DY": _tokens(dy)}, {"u_batch": n, "u_loss_scale": 2.0}
+        one = _run_js(_grad_weight_kl(c), ins, p4, k, u)
+        np.testing.assert_allclose(one.reshape(k, -1)[:, :p], a.T @ dy / 2, rtol=1e-5, atol=1e-5)
+        parts = _run_js(_grad_weight_rows_kl(c, 8), ins, p4, k // 8, u, outputs=8)
+        np.testing.assert_array_equal(blocked(parts), one)
+
+
 @pytest.mark.parametrize("f", [4, 6])
 def test_layernorm_kernels_printed_as_javascript(f):
-    """The layernorm forward and gradients (ops/matmul.py) against numpy, padding lanes left zero."""
-    from codegen.ops.matmul import _ln_forward_kl, _ln_grad_input_kl, _ln_grad_weight_kl
+    """The layernorm kernels (ops/layernorm.py) against numpy: the statistics and gradient sums a row, the forward
+    and gradients reading them; padding lanes left zero."""
+    from codegen.ops.layernorm import _forward_kl, _grad_input_kl, _grad_sums_kl, _grad_weight_kl, _stats_kl
 
     rng = np.random.default_rng(f)
     rows, n, eps = 3, 2, 1e-5
@@ -230,14 +264,23 @@ def test_layernorm_kernels_printed_as_javascript(f):
     f4 = -(-f // 4)
     rstd = 1 / np.sqrt(x.var(1, keepdims=True) + eps)
     xhat = (x - x.mean(1, keepdims=True)) * rstd
-    got = _run_js(_ln_forward_kl(c), {"X": _tokens(x), "W": _tokens(w), "B": _tokens(b)}, f4, n * rows)
+    stats = _run_js(_stats_kl(c), {"X": _tokens(x)}, 1, n * rows)
+    np.testing.assert_allclose(stats[:, 0, :2], np.hstack([x.mean(1, keepdims=True), rstd]), rtol=1e-5, atol=1e-6)
+    assert not stats[:, 0, 2:].any()
+    S = stats.astype(np.float32)
+    got = _run_js(_forward_kl(c), {"X": _tokens(x), "S": S, "W": _tokens(w), "B": _tokens(b)}, f4, n * rows)
     np.testing.assert_allclose(got.reshape(n * rows, -1)[:, :f], xhat * w + b, rtol=1e-4, atol=1e-5)
     assert not got.reshape(n * rows, -1)[:, f:].any()
     g = dy * w
+    sums = _run_js(_grad_sums_kl(c), {"DY": _tokens(dy), "X": _tokens(x), "S": S, "W": _tokens(w)}, 1, n * rows)
+    np.testing.assert_allclose(sums[:, 0, :2], np.hstack([g.sum(1, keepdims=True), (g * xhat).sum(1, keepdims=True)]),
+                               rtol=1e-4, atol=1e-5)
     ref = rstd * (g - g.mean(1, keepdims=True) - xhat * (g * xhat).mean(1, keepdims=True))
-    got = _run_js(_ln_grad_input_kl(c), {"DY": _tokens(dy), "X": _tokens(x), "W": _tokens(w)}, f4, n * rows)
+    got = _run_js(_grad_input_kl(c), {"DY": _tokens(dy), "X": _tokens(x), "S": S, "W": _tokens(w),
+                                      "G": sums.astype(np.float32)}, f4, n * rows)
     np.testing.assert_allclose(got.reshape(n * rows, -1)[:, :f], ref, rtol=1e-4, atol=1e-5)
-    got = _run_js(_ln_grad_weight_kl(c), {"DY": _tokens(dy), "X": _tokens(x)}, f4, 1, {"u_batch": n, "u_loss_scale": 2.0})
+    got = _run_js(_grad_weight_kl(c), {"DY": _tokens(dy), "X": _tokens(x), "S": S}, f4, 1,
+                  {"u_batch": n, "u_loss_scale": 2.0})
     np.testing.assert_allclose(got.reshape(1, -1)[:, :f], (dy * xhat).sum(0, keepdims=True) / 2, rtol=1e-4, atol=1e-5)
 
 

@@ -133,6 +133,26 @@ def test_transformer_layer_on_folded_textures(web, site):
              options={"maxTextureSize": 128})
 
 
+def test_token_linears_of_16_tokens_are_row_blocked():
+    """16 tokens of 18 and 32 features: both Linears' forward and input gradient, and the weight gradient of the one
+    with 32 inputs, have the twin computing 8 rows a fragment (and its interleave) beside the one-row pass, which the
+    browser tests below run and compare."""
+    torch.manual_seed(0)
+    js = compile_onnx(export_simplified(feed_forward_rows(), ROWS_SHAPE), name="m", input_shape=ROWS_SHAPE,
+                      max_batch=8).files["m.js"]
+    for what in ("matmul_forward 1x16x18@18x32", "matmul_forward 1x16x32@32x18", "matmul_grad_a 1x16x18@18x32",
+                 "matmul_grad_a 1x16x32@32x18", "matmul_grad_weight 1x16x32@32x18"):
+        assert f"// texelfit kernel: {what} (" in js and f"// texelfit kernel: {what} rows (" in js, what
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS) + ["webgl_4_targets"])
+def test_row_blocked_token_matmuls_forward_and_gradients(web, site, backend):
+    """The row-blocked passes (8 tokens a fragment) on WebGL2, rgba8 and the CPU; with 4 draw buffers the one-row
+    passes run instead."""
+    options = {"maxDrawBuffers": 4} if backend == "webgl_4_targets" else BACKENDS[backend]
+    check_op(web, site, "ff_rows", feed_forward_rows, ROWS_SHAPE, "cross_entropy", batch=3, seed=6, options=options)
+
+
 def test_transformer_layer_4_heads_forward_and_gradients(web, site):
     check_op(web, site, "transformer_layer_4h", encoder_4_heads, (6, 32), "mse", batch=3, seed=2)
 
@@ -156,6 +176,14 @@ class FeedForwardBlock(nn.Module):
 
 def feed_forward():
     return FeedForwardBlock()
+
+
+ROWS_SHAPE = (16, 18)  # 16 tokens: its Linears compute 8 rows a fragment (webgl2/blocking.py: row_blocked)
+
+
+def feed_forward_rows():
+    """18 features (a partial texel) and 32 (the second Linear's weight gradient row-blocked too)."""
+    return FeedForwardBlock(d=18, ff=32)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -259,6 +287,14 @@ def test_token_feed_forward_block_trains_like_pytorch_with_adam(web, site, backe
     check_training(web, site, _named(feed_forward, f"ff_{backend}"), SHAPE, opt, "cross_entropy", samples=11,
                    batch_size=4, epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=4, options=BACKENDS[backend],
                    max_batch=8)
+
+
+@pytest.mark.parametrize("backend,opt", [("webgl", "adam"), ("cpu", "sgd_momentum_wd")])
+def test_row_blocked_token_block_trains_like_pytorch(web, site, backend, opt):
+    """The optimizers reading the row-blocked weight gradient (its parts interleaved as they read it)."""
+    check_training(web, site, _named(feed_forward_rows, f"ff_rows_{backend}"), ROWS_SHAPE, opt, "cross_entropy",
+                   samples=11, batch_size=4, epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=8,
+                   options=BACKENDS[backend], max_batch=8)
 
 
 def _named(factory, name):

@@ -3,7 +3,8 @@
     dense.py        dense (+ fused activation)
     conv.py         conv (+ fused activation)
     conv_transpose.py   conv_transpose (+ fused activation), on the conv kernels
-    matmul.py       matmul (token-wise, and of two activations), layernorm: the ops on tokens (R, F)
+    matmul.py       matmul (token-wise, and of two activations) on tokens (R, F)
+    layernorm.py    layernorm over the features of tokens, with its statistics a row
     embedding.py    embedding: rows of a table by integer ids, and its scatter-add gradient
     elementwise.py  every elementwise op (prep/elementwise.py) not fused into a dense or conv layer
     softmax.py      softmax, log_softmax over the channel axis

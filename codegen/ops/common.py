@@ -79,13 +79,11 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
         plain.blocked = False
         names, inputs = blocked_reads or (names, inputs)
         parts = [f"blk{t}:{output}" for t in range(SAMPLE_BLOCK)]
-        interleave = Kernel("interleave", "interleave.glsl.j2", tuple(f"T{t}" for t in range(SAMPLE_BLOCK)),
-                            uniforms=("u_rows",), consts={"block": SAMPLE_BLOCK}, kl=interleave_kl(SAMPLE_BLOCK))
         return [plain,
                 Pass(kernel(what, names, tuple(dict.fromkeys(uniforms + ("u_batch",))), SAMPLE_BLOCK, blocked=True,
                             block=SAMPLE_BLOCK),
                      inputs, parts, "blocks" if rows == "batch" else rows, layer.name, blocked=True),
-                Pass(interleave, parts, [output], rows, layer.name,
+                Pass(interleave_kernel(), parts, [output], rows, layer.name,
                      {"u_rows": plan.textures[parts[0]].sample_rows or 1}, blocked=True)]
 
     forward = blockable("forward", ("X", "W") + (("B",) if b else ()), (), [plan.tensor(x), w] + ([b] if b else []),
@@ -166,6 +164,12 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
     elif target:
         backward += blockable("grad_input", ("DZ", "W"), (), [dz, w], target, "batch")
     return forward, backward
+
+
+def interleave_kernel() -> Kernel:
+    """The pass interleaving SAMPLE_BLOCK blocked parts into their tensor (u_rows: rows a sample, 1 for rows)."""
+    return Kernel("interleave", "interleave.glsl.j2", tuple(f"T{t}" for t in range(SAMPLE_BLOCK)),
+                  uniforms=("u_rows",), consts={"block": SAMPLE_BLOCK}, kl=interleave_kl(SAMPLE_BLOCK))
 
 
 def interleave_kl(block: int) -> kl.KernelDef:

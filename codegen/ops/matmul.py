@@ -1,4 +1,4 @@
-"""matmul and layernorm: the token ops, on tensors (R, F) stored with F packed, a texture row a token
+"""matmul: the token matmuls, on tensors (R, F) stored with F packed, a texture row a token
 (codegen/webgl2/layout.py). `rows` below is the texture rows of one sample of the tensor named.
 
 matmul, token-wise x @ B (+ b), B a weight [I, O] stored O-packed:
@@ -7,24 +7,22 @@ backward   matmul_grad_a        DY, B          -> dX        rows: batch   dX = d
            matmul_grad_weight   X, DY          -> dB        rows: full    dB = sum over samples, rows of X^T dY
            rows_sum             DY             -> db        rows: full    db = sum over samples, rows of dY
 
+Row-blocked (webgl2/blocking.py: row_blocked, where a sample's rows are a multiple of 8): matmul_forward and
+matmul_grad_a with a weight also have a twin computing 8 rows a fragment into blk0..7 (`... rows`) and an interleave,
+which WebGL2 and the CPU run from batch 1 where the device draws 8 targets at once (_rows_twins; WebGPU runs the one-row
+pass); where its inputs are a multiple of 8 too, so does matmul_grad_weight, 8 rows of dB a fragment (into
+blk0..7:pgrad:B, which the optimizer's gradient interleaves).
+
 matmul of two activations, batched: a (G*M, K) @ b (G*K, P), block g of M rows of a times block g of K
 rows of b (attention's Q K^T and A V):
 forward    matmul_forward       A, B           -> Y         rows: batch
 backward   matmul_grad_a        DY, B          -> dA        rows: batch   dA = dY B^T, a block each
            matmul_grad_b        A, DY          -> dB        rows: batch   dB = A^T dY, a block each
 
-layernorm over the F features of each row, weight w and bias b [F] (each a one-row texture):
-forward    layernorm_forward        X, W, B   -> Y          rows: batch   (x - mean) / sqrt(var + eps) * w + b
-backward   layernorm_grad_input     DY, X, W  -> dX         rows: batch   rstd * (g - mean(g) - xhat mean(g xhat)),
-                                                                          g = dY * w
-           layernorm_grad_weight    DY, X     -> dw         rows: full    sum over rows of dY * xhat
-           rows_sum                 DY        -> db         rows: full
-Mean and variance are recomputed where they are needed (a row is a few texels): no statistics texture.
-
 Every kernel here is written in the kernel language (codegen/kl.py): its GLSL, the CPU backend's function and the
 WGSL are printed from it. The printed GLSL does what the hand templates it replaced did, fetch for fetch; the
 parameter gradients (matmul_grad_weight, layernorm_grad_weight, rows_sum) are included by the optimizer passes as
-their printed valueAt (ops/optim.py).
+their printed valueAt (ops/optim.py). layernorm is in ops/layernorm.py.
 """
 from __future__ import annotations
 
@@ -33,7 +31,8 @@ from texelfit.prep.packing import ceil_div
 from .. import kl
 from ..kernels import Kernel, Pass
 from ..kl import COL, ROW, dot, hsum, lane, load, minimum, select, splat, sqrt, uniform, valid, vec4_of
-from .common import grad_target, lanes, param_grad
+from ..webgl2.blocking import ROW_BLOCK
+from .common import grad_target, interleave_kernel, lanes, param_grad
 
 
 def _consts(layer, graph):
@@ -89,6 +88,31 @@ def _forward_kl(c: dict) -> kl.KernelDef:
     return k
 
 
+def _forward_rows_kl(c: dict, block: int) -> kl.KernelDef:
+    """_forward_kl for a weight (B at row 0), `block` rows a fragment (webgl2/blocking.py: row_blocked): output t is
+    row block * ROW + t, and each texel of B fetched serves all of them."""
+    k = kl.KernelDef()
+    rows = [block * ROW + t for t in range(block)]
+    acc = [k.let(f"acc{t}", load("BIAS", 0, COL) if c["has_bias"] else splat(0.0)) for t in range(block)]
+    if c["k"] >= 4:
+        with k.loop("k4", k.sym("kq", c["k"] // 4)) as k4:
+            b = [k.let(f"b{j}", load("B", 4 * k4 + j, COL)) for j in range(4)]
+            for t in range(block):
+                a = k.let(f"a{t}", load("A", rows[t], k4))
+                k.set(acc[t], acc[t] + (b[0] * lane(a, 0) + b[1] * lane(a, 1) + b[2] * lane(a, 2) + b[3] * lane(a, 3)))
+    if c["k"] % 4:
+        kq = k.sym("kq", c["k"] // 4)
+        b = [k.let(f"bt{j}", load("B", 4 * kq + j, COL)) for j in range(c["k"] % 4)]
+        for t in range(block):
+            a = k.let(f"at{t}", load("A", rows[t], kq))
+            for j in range(c["k"] % 4):
+                k.set(acc[t], acc[t] + lane(a, j) * b[j])
+    p = k.sym("p", c["p"])
+    for t in range(block):
+        k.out(acc[t] * valid(p, COL), t)
+    return k
+
+
 def _grad_a_kl(c: dict) -> kl.KernelDef:
     """dA[r, k] = sum_p dY[r, p] * B[brow + k, p] (dY B^T); a texel: 4 k of one row, each fetch of dY serving all 4
     (past the last k, the last row of B is read and the lane written 0)."""
@@ -101,6 +125,23 @@ def _grad_a_kl(c: dict) -> kl.KernelDef:
         d = k.let("d", load("DY", ROW, p4))
         k.set(acc, acc + vec4_of(*(dot(d, load("B", r, p4)) for r in rows)))
     k.out(acc * valid(kk, COL))
+    return k
+
+
+def _grad_a_rows_kl(c: dict, block: int) -> kl.KernelDef:
+    """_grad_a_kl for a weight, `block` rows a fragment (row_blocked): output t is row block * ROW + t, and each
+    texel of B fetched serves all of them."""
+    k = kl.KernelDef()
+    kk = k.sym("k", c["k"])
+    rows = [k.let(f"r{j}", minimum(4 * COL + j, kk - 1)) for j in range(4)]
+    acc = [k.let(f"acc{t}", splat(0.0)) for t in range(block)]
+    with k.loop("p4", k.sym("p4", c["p4"])) as p4:
+        b = [k.let(f"b{j}", load("B", r, p4)) for j, r in enumerate(rows)]
+        for t in range(block):
+            d = k.let(f"d{t}", load("DY", block * ROW + t, p4))
+            k.set(acc[t], acc[t] + vec4_of(*(dot(d, bj) for bj in b)))
+    for t in range(block):
+        k.out(acc[t] * valid(kk, COL), t)
     return k
 
 
@@ -136,6 +177,36 @@ def _grad_weight_kl(c: dict) -> kl.KernelDef:
     with k.loop("r", uniform("u_batch", "int") * k.sym("rows_a", c["rows_a"])) as r:
         k.set(acc, acc + dot(load("A", r, k4), pick) * load("DY", r, COL))
     k.out(acc / uniform("u_loss_scale", "float"))
+    return k
+
+
+def _rows_twins(layer, plan, one: Pass, blocked: kl.KernelDef) -> list[Pass]:
+    """`one`, a token-wise matmul's pass computing a row a fragment, and where its output has row-blocked parts
+    (webgl2/blocking.py: row_blocked) its twin computing ROW_BLOCK rows a fragment into them (the kernel `blocked`)
+    and their interleave, which run from batch 1 on devices drawing 8 targets at once (Pass.block_from)."""
+    out = one.outputs[0]
+    if "blk0:" + out not in plan.textures:
+        return [one]
+    parts = [f"blk{t}:{out}" for t in range(ROW_BLOCK)]
+    k = one.kernel
+    twin = Kernel(k.name + " rows", "kl", k.inputs, ROW_BLOCK, k.uniforms, kl=blocked)
+    one.blocked, one.block_from = False, 1
+    return [one, Pass(twin, one.inputs, parts, one.rows, layer.name, blocked=True, block_from=1),
+            Pass(interleave_kernel(), parts, [out], one.rows, layer.name, {"u_rows": 1}, blocked=True, block_from=1)]
+
+
+def _grad_weight_rows_kl(c: dict, block: int) -> kl.KernelDef:
+    """_grad_weight_kl, `block` rows of dB a fragment (row_blocked, inputs k a multiple of 8): output t is row
+    k = block * ROW + t, a lane of the block / 4 texels of A it reads a row, and each texel of dY fetched serves all."""
+    k = kl.KernelDef()
+    acc = [k.let(f"acc{t}", splat(0.0)) for t in range(block)]
+    with k.loop("r", uniform("u_batch", "int") * k.sym("rows_a", c["rows_a"])) as r:
+        a = [k.let(f"a{q}", load("A", r, block // 4 * ROW + q)) for q in range(block // 4)]
+        d = k.let("d", load("DY", r, COL))
+        for t in range(block):
+            k.set(acc[t], acc[t] + d * lane(a[t // 4], t % 4))
+    for t in range(block):
+        k.out(acc[t] / uniform("u_loss_scale", "float"), t)
     return k
 
 
@@ -175,8 +246,6 @@ def _rows_out_backward(layer, graph, plan):
 
 
 def forward(layer, graph, plan):
-    if layer.op == "layernorm":
-        return _ln_forward(layer, graph, plan)
     if layer.attrs.get("weight_rows") == "out":
         return _rows_out_forward(layer, graph, plan)
     c = _consts(layer, graph)
@@ -185,7 +254,8 @@ def forward(layer, graph, plan):
     if c["has_bias"]:
         textures.append("param:" + layer.params["bias"])
     k = Kernel(_title(c, "matmul_forward"), "kl", names, kl=_forward_kl(c))
-    return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
+    one = Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)
+    return _rows_twins(layer, plan, one, _forward_rows_kl(c, ROW_BLOCK)) if c["weight"] else [one]
 
 
 def _rows_sum_kl(rows: int) -> kl.KernelDef:
@@ -200,15 +270,13 @@ def _rows_sum_kl(rows: int) -> kl.KernelDef:
     return k
 
 
-def _rows_sum(layer, graph, plan, role):
+def rows_sum_pass(layer, graph, plan, role):
     rows = graph.shapes[layer.outputs[0]][0]
     k = Kernel(f"rows_sum {rows}", "kl", ("DY",), uniforms=("u_batch", "u_loss_scale"), kl=_rows_sum_kl(rows))
     return Pass(k, [plan.grad(layer.outputs[0])], [param_grad(plan, layer, role)], "full", layer.name)
 
 
 def backward(layer, graph, plan):
-    if layer.op == "layernorm":
-        return _ln_backward(layer, graph, plan)
     if layer.attrs.get("weight_rows") == "out":
         return _rows_out_backward(layer, graph, plan)
     c = _consts(layer, graph)
@@ -217,7 +285,8 @@ def backward(layer, graph, plan):
     target = grad_target(plan, layer, 0)
     if target:
         k = Kernel(_title(c, "matmul_grad_a"), "kl", ("DY", "B"), kl=_grad_a_kl(c))
-        passes.append(Pass(k, [plan.grad(y), _b_texture(layer, plan)], [target], "batch", layer.name))
+        one = Pass(k, [plan.grad(y), _b_texture(layer, plan)], [target], "batch", layer.name)
+        passes += _rows_twins(layer, plan, one, _grad_a_rows_kl(c, ROW_BLOCK)) if c["weight"] else [one]
     if not c["weight"]:
         target = grad_target(plan, layer, 1)
         if target:
@@ -227,94 +296,9 @@ def backward(layer, graph, plan):
     if graph.is_trainable(layer.params["weight"]):
         k = Kernel(_title(c, "matmul_grad_weight"), "kl", ("A", "DY"),
                    uniforms=("u_batch", "u_loss_scale"), kl=_grad_weight_kl(c))
-        passes.append(Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], [param_grad(plan, layer, "weight")],
-                           "full", layer.name))
+        one = Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], [param_grad(plan, layer, "weight")], "full",
+                   layer.name)
+        passes += _rows_twins(layer, plan, one, _grad_weight_rows_kl(c, ROW_BLOCK))
     if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
-        passes.append(_rows_sum(layer, graph, plan, "bias"))
-    return passes
-
-
-def _ln_consts(layer, graph):
-    r, f = graph.shapes[layer.inputs[0]]
-    return dict(rows=r, f=f, eps=float(layer.attrs["eps"]), has_bias="bias" in layer.params)
-
-
-def _ln_syms(k: kl.KernelDef, c: dict):
-    """The shape constants of a layernorm kernel: f features, their count as a float, eps; and f4 texels a row."""
-    return k.sym("f", c["f"]), k.sym("nf", float(c["f"])), k.sym("eps", c["eps"]), k.sym("f4", ceil_div(c["f"], 4))
-
-
-def _row_stats(k: kl.KernelDef, c: dict, r) -> tuple[kl.X, kl.X]:
-    """mean and 1 / sqrt(var + eps) of row r of X over its f features (padding lanes masked), as variables."""
-    f, nf, eps, f4 = _ln_syms(k, c)
-    mean = k.let("mean", 0.0)
-    with k.loop("j", f4) as j:
-        k.set(mean, mean + dot(load("X", r, j), valid(f, j)))
-    k.set(mean, mean / nf)
-    var = k.let("variance", 0.0)
-    with k.loop("j2", f4) as j:
-        d = k.let("d", (load("X", r, j) - mean) * valid(f, j))
-        k.set(var, var + dot(d, d))
-    return mean, k.let("rstd", 1.0 / sqrt(var / nf + eps))
-
-
-def _ln_forward_kl(c: dict) -> kl.KernelDef:
-    """Y = (X - mean) / sqrt(var + eps) * w (+ b) over the f features of each row."""
-    k = kl.KernelDef()
-    mean, rstd = _row_stats(k, c, ROW)
-    y = (load("X", ROW, COL) - mean) * rstd * load("W", 0, COL)
-    k.out((y + load("B", 0, COL) if c["has_bias"] else y) * valid(k.sym("f", c["f"]), COL))
-    return k
-
-
-def _ln_grad_input_kl(c: dict) -> kl.KernelDef:
-    """dX = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dY * w, over the f features of each row."""
-    k = kl.KernelDef()
-    f, nf, _, f4 = _ln_syms(k, c)
-    mean, rstd = _row_stats(k, c, ROW)
-    sg, sgx = k.let("sg", 0.0), k.let("sgx", 0.0)
-    with k.loop("k4", f4) as j:
-        g = k.let("g", load("DY", ROW, j) * load("W", 0, j) * valid(f, j))
-        k.set(sg, sg + hsum(g))
-        k.set(sgx, sgx + dot(g, (load("X", ROW, j) - mean) * rstd))
-    xhat = k.let("xhat", (load("X", ROW, COL) - mean) * rstd)
-    k.out(rstd * (load("DY", ROW, COL) * load("W", 0, COL) - sg / nf - xhat * (sgx / nf)) * valid(f, COL))
-    return k
-
-
-def _ln_grad_weight_kl(c: dict) -> kl.KernelDef:
-    """dw = sum over the rows of the batch (`rows` a sample) of dY * xhat; the loss gradient came scaled."""
-    k = kl.KernelDef()
-    acc = k.let("acc", splat(0.0))
-    with k.loop("r", uniform("u_batch", "int") * k.sym("rows", c["rows"])) as r:
-        mean, rstd = _row_stats(k, c, r)
-        k.set(acc, acc + load("DY", r, COL) * (load("X", r, COL) - mean) * rstd)
-    k.out(acc * valid(k.sym("f", c["f"]), COL) / uniform("u_loss_scale", "float"))
-    return k
-
-
-def _ln_forward(layer, graph, plan):
-    c = _ln_consts(layer, graph)
-    names = ("X", "W") + (("B",) if c["has_bias"] else ())
-    textures = [plan.tensor(layer.inputs[0]), "param:" + layer.params["weight"]]
-    if c["has_bias"]:
-        textures.append("param:" + layer.params["bias"])
-    k = Kernel(f"layernorm_forward {c['rows']}x{c['f']}", "kl", names, kl=_ln_forward_kl(c))
-    return [Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)]
-
-
-def _ln_backward(layer, graph, plan):
-    c = _ln_consts(layer, graph)
-    x, y = plan.tensor(layer.inputs[0]), layer.outputs[0]
-    passes = []
-    target = grad_target(plan, layer, 0)
-    if target:
-        k = Kernel(f"layernorm_grad_input {c['rows']}x{c['f']}", "kl", ("DY", "X", "W"), kl=_ln_grad_input_kl(c))
-        passes.append(Pass(k, [plan.grad(y), x, "param:" + layer.params["weight"]], [target], "batch", layer.name))
-    if graph.is_trainable(layer.params["weight"]):
-        k = Kernel(f"layernorm_grad_weight {c['rows']}x{c['f']}", "kl", ("DY", "X"),
-                   uniforms=("u_batch", "u_loss_scale"), kl=_ln_grad_weight_kl(c))
-        passes.append(Pass(k, [plan.grad(y), x], [param_grad(plan, layer, "weight")], "full", layer.name))
-    if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
-        passes.append(_rows_sum(layer, graph, plan, "bias"))
+        passes.append(rows_sum_pass(layer, graph, plan, "bias"))
     return passes

@@ -108,4 +108,5 @@ def optimizer_pass(opt, name, grad: Pass):
     k = Kernel(f"{opt} {g.name}", "kl", g.inputs + ("P0", "P", "M", "V")[: 1 + len(state)],
                outputs=len(state), uniforms=g.uniforms + (_ADAM_UNIFORMS if opt == "adam" else _SGD_UNIFORMS),
                consts=dict(g.consts), kl=update, gradient=g)
-    return [Pass(k, grad.inputs + [p] + state, state, "full", name, grad.values, grad.blocked)], state
+    return [Pass(k, grad.inputs + [p] + state, state, "full", name, grad.values, grad.blocked,
+                 block_from=grad.block_from)], state

@@ -51,6 +51,25 @@ def sample_blocked(layer, graph: Graph, max_batch: int) -> bool:
     return graph.macs(layer) >= SAMPLE_BLOCK_MIN_MACS
 
 
+# A token-wise matmul with a weight (a Linear on every token: matmul_forward, x @ B + b, and its input gradient
+# matmul_grad_a, dY B^T) with at least ROW_BLOCK_MIN_MACS multiply-adds a sample computes ROW_BLOCK (8) rows (tokens)
+# a fragment, at every batch, into 8 textures (blk0:T .. blk7:T, row 8*r + t of T in row r of blk{t}) and a second
+# pass interleaves them into T (the sample-blocked dense layer's interleave, a row a sample): each weight texel
+# fetched then serves 8 tokens (12 fetches for 128 multiply-adds instead of 5 for 16). Where a sample's rows are
+# a multiple of 8 (a block is within one sample, so the parts are per-sample textures of R/8 rows a sample), on
+# devices that draw into 8 targets at once (Pass.block_from: from batch 1); elsewhere the one-row pass.
+ROW_BLOCK = SAMPLE_BLOCK
+ROW_BLOCK_MIN_MACS = 4096
+
+
+def row_blocked(layer, graph: Graph) -> bool:
+    if layer.op != "matmul" or "weight" not in layer.params or layer.attrs.get("weight_rows") == "out":
+        return False
+    if layer.attrs.get("groups", 1) != 1:
+        return False
+    return graph.shapes[layer.inputs[0]][0] % ROW_BLOCK == 0 and graph.macs(layer) >= ROW_BLOCK_MIN_MACS
+
+
 # A dense layer's one-sample forward draws a row of ceil(O/4) fragments a sample, each looping over
 # all ceil(I/4) input texels: at batch 1 that is one short row, which SwiftShader runs on one thread
 # with half of each 2x2 quad idle. Split-K instead: S fragments a texel, each summing SPLIT_CHUNK
@@ -125,7 +144,9 @@ def reads_columns(layer, graph: Graph) -> bool:
 def weight_grad_blocked(layer, graph: Graph, max_batch: int) -> bool:
     """Whether the weight gradient of a sample-blocked layer is row-blocked too (blk{t}:pgrad:W, 8 rows
     of dW a fragment): where those rows come in whole 8s (a dense layer's outputs padded to 4, a conv's
-    ICg: 8 rows of one kernel row kh)."""
+    ICg: 8 rows of one kernel row kh, a row-blocked token matmul's inputs: then from batch 1)."""
+    if layer.op == "matmul":  # a row-blocked token matmul's weight B [I, O]: 8 rows (inputs) of dB a fragment
+        return row_blocked(layer, graph) and graph.shapes[layer.inputs[0]][1] % SAMPLE_BLOCK == 0
     if not sample_blocked(layer, graph, max_batch):
         return False
     if layer.op == "dense":

@@ -32,7 +32,8 @@ and `rows` texels high, and texel (x = b*C4 + c4, y = r) holds channels 4*c4 .. 
                                                                              dzt: of a transposed conv's dZ)
   sample-blocked part (blk{t}:T) (n // 8) * H + h w              c            (the samples n = 8*r + t of T, an
                                                                              activation or gradient, see
-                                                                             SAMPLE_BLOCK_MIN_MACS)
+                                                                             SAMPLE_BLOCK_MIN_MACS; or its token
+                                                                             rows 8*r + t, row_blocked)
   split-K partials (split:Y)    n * S + s       1               o            (a dense output's partial sums
                                                                              over input slice s, see split_k)
   column-blocked part (col{k}:T) n * H + h       (see below)     c / 2        (the positions w = 4*b + t of a conv
@@ -74,8 +75,9 @@ import numpy as np
 from texelfit.prep.elementwise import passes_gradient
 from texelfit.prep.ir import ELEMENTWISE, WEIGHTED, Graph, operands
 from texelfit.prep.ops import opdef
-from .blocking import (COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, PARAM_SUM_LAST, SAMPLE_BLOCK, blocked_fold, column_blocked,
-                       column_only, sample_blocked, split_k, sum_groups, weight_grad_blocked)
+from .blocking import (COLUMN_BLOCK, COLUMN_HALVES, COLUMN_PARTS, PARAM_SUM_LAST, ROW_BLOCK, SAMPLE_BLOCK, blocked_fold,
+                       column_blocked, column_only, row_blocked, sample_blocked, split_k, sum_groups,
+                       weight_grad_blocked)
 from texelfit.prep.packing import (Packing, activation_packing, ceil_div, chw, conv_weight_packing, conv_weight_shape,  # noqa: F401
                       matrix_packing, pack, samples_last_packing, unpack)
 
@@ -258,17 +260,18 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
     def add(spec: TextureSpec):
         textures[spec.name] = spec
 
-    def per_sample(name, role, tensor):
-        shape = graph.shapes[tensor]
+    def per_sample(name, role, tensor, shape=None):
+        shape = shape or graph.shapes[tensor]
         p = activation_packing(shape, max_batch)
         add(TextureSpec(name, role, (max_batch,) + shape, p, p.rows, p.r2))
 
-    def blocked_parts(name, role, tensor):
-        shape = graph.shapes[tensor]
-        p = activation_packing(shape, ceil_div(max_batch, SAMPLE_BLOCK))
+    def blocked_parts(name, role, tensor, tokens=False):  # 8 render targets: samples 8*r + t in blk{t}, or, tokens,
+        shape, n = graph.shapes[tensor], ceil_div(max_batch, SAMPLE_BLOCK)  # each sample's rows 8*r + t (row_blocked)
+        if tokens:
+            shape, n = (shape[0] // ROW_BLOCK, shape[1]), max_batch
+        p = activation_packing(shape, n)
         for t in range(SAMPLE_BLOCK):
-            add(TextureSpec(f"blk{t}:{name}", role, (ceil_div(max_batch, SAMPLE_BLOCK),) + shape, p, p.rows, p.r2,
-                            fold=blocked_fold(p.width, p.rows)))
+            add(TextureSpec(f"blk{t}:{name}", role, (n,) + shape, p, p.rows, p.r2, fold=blocked_fold(p.width, p.rows)))
 
     def samples_last(name, role, tensor, rows_of=1):
         shape = graph.shapes[tensor]
@@ -290,8 +293,13 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             per_sample("act:" + out, "activation", out)
         for prefix in opdef(layer.op).saves(layer, graph):  # for its backward: a maxpool's argmax, a max's ties
             per_sample(prefix + out, "argmax", out)
+        if layer.op == "layernorm":  # a texel a row (float32): its statistics, and its gradient's sums (ops/layernorm.py)
+            for prefix in ("lnstat:",) + (("lnsum:",) if layer.inputs[0] in needs else ()):
+                per_sample(prefix + out, "partial", out, (graph.shapes[out][0], 2))
         if sample_blocked(layer, graph, max_batch) and not column_blocked(layer, graph):
             blocked_parts("act:" + out, "activation", out)  # 8 samples a fragment: its forward's 8 render targets
+        if row_blocked(layer, graph):  # 8 tokens a fragment: its forward's 8 render targets
+            blocked_parts("act:" + out, "activation", out, tokens=True)
         if column_blocked(layer, graph):  # 4 positions, 2 halves a fragment: its forward's 8 render targets
             c, h, w = graph.shapes[out]
             shape = (4 * ceil_div(ceil_div(c, 4), COLUMN_HALVES), h, ceil_div(w, COLUMN_BLOCK))
@@ -351,9 +359,9 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             for t in ["grad:" + out] + [f"gradsum{k}:{out}" for k in range(len(sum_groups(len(contributions))))]:
                 per_sample(t, "gradient", out)  # (more than a pass reads: partial sums first, gradsum{k})
 
-    for layer in graph.layers:  # a sample-blocked layer's grad_input is too: 8 render targets
-        if sample_blocked(layer, graph, max_batch) and (layer.name, 0) in grad_targets:
-            blocked_parts(grad_targets[(layer.name, 0)], "gradient", layer.inputs[0])
+    for layer in graph.layers:  # a sample-blocked layer's grad_input is too: 8 render targets (a row-blocked one's too)
+        if (sample_blocked(layer, graph, max_batch) or row_blocked(layer, graph)) and (layer.name, 0) in grad_targets:
+            blocked_parts(grad_targets[(layer.name, 0)], "gradient", layer.inputs[0], row_blocked(layer, graph))
 
     for p in graph.params.values():
         layer = next(l for l in graph.layers if p.name in l.params.values())

@@ -75,6 +75,6 @@ def embedding_layout(layer, graph, p, role):
 register("matmul", flops=matmul_flops, torch=matmul_forward, prune=token_prune, cut=same_attrs,
          weight_layout=matmul_layout, saves=saves_nothing, kernels="matmul")
 register("layernorm", flops=layernorm_flops, torch=layernorm_forward, prune=token_prune, cut=same_attrs,
-         weight_layout=layernorm_layout, saves=saves_nothing, kernels="matmul")
+         weight_layout=layernorm_layout, saves=saves_nothing, kernels="layernorm")
 register("embedding", flops=moves_data, torch=embedding_forward, prune=token_prune, cut=same_attrs,
          weight_layout=embedding_layout, saves=saves_nothing, kernels="embedding")

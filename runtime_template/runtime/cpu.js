@@ -78,6 +78,7 @@ class CpuRunner {
       kernel, fn, consts: kernel.consts, inputs, outputs, views: inputs.map(view), outViews: outputs.map(view),
       rows: p.rows, label: p.label, height: out.spec.height, sampleRows: out.spec.sampleRows, out, values: p.values,
       blocked: p.blocked ?? null, // a twin of a sample-blocked pass (runner.js: runsAt)
+      blockFrom: p.blockFrom,
       wide: p.wide ?? null, // a draw of a column-blocked forward (runner.js: runsAt)
     };
   }

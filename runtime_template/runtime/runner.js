@@ -26,17 +26,17 @@ function tilingDefines(kernel, inputs, output) {
 const PROGRAMS_PER_TASK = 2;
 
 // Whether the twins of sample-blocked passes that run at `batch` are the blocked ones (Pass.blocked
-// in codegen/kernels.py): from MODEL.blockMinBatch samples on, where the device draws into
-// MODEL.sampleBlock targets at once (`drawBuffers`; WebGL2 promises 4).
-function blockedAt(batch, drawBuffers) {
-  return batch >= MODEL.blockMinBatch && drawBuffers >= MODEL.sampleBlock;
+// in codegen/kernels.py): from MODEL.blockMinBatch samples on (a row-blocked token matmul's: from its
+// p.blockFrom, 1), where the device draws into MODEL.sampleBlock targets at once (`drawBuffers`; WebGL2 promises 4).
+function blockedAt(batch, drawBuffers, from = MODEL.blockMinBatch) {
+  return batch >= from && drawBuffers >= MODEL.sampleBlock;
 }
 
 // Whether pass p (resolved: p.blocked true, false or null) runs at `batch`. And a column-blocked forward's draw
 // into all its parts (p.wide true) where the device draws into MODEL.columnParts targets at once, its draws of a
 // half (false) where not (Pass.wide in codegen/kernels.py).
 function runsAt(p, batch, drawBuffers) {
-  return (p.blocked === null || p.blocked === blockedAt(batch, drawBuffers)) &&
+  return (p.blocked === null || p.blocked === blockedAt(batch, drawBuffers, p.blockFrom)) &&
     (p.wide === null || p.wide === drawBuffers >= MODEL.columnParts);
 }
 
@@ -92,6 +92,7 @@ class Runner {
       unit: this.unitIndex.get(source), program: null, inputs, outputs, fbos: [], rows: p.rows, label: p.label,
       values: p.values ?? null, // uniforms the pass sets itself (Pass.values in codegen/kernels.py)
       blocked: p.blocked ?? null, // a twin of a sample-blocked pass (runsAt)
+      blockFrom: p.blockFrom, // (the batch it runs from, where not MODEL.blockMinBatch)
       wide: p.wide ?? null, // a draw of a column-blocked forward (runsAt)
       width: out.spec.width, height: out.spec.height, sampleRows: out.spec.sampleRows, out,
     };
