@@ -1,4 +1,5 @@
-"""MiniLM benchmark (issue 19): texelfit against onnxruntime-web (WASM, WebGPU where the browser gives an
+"""MiniLM benchmark (issue 19): texelfit (WebGL2, and WebGPU: texelfit-webgpu, the bundles built with --webgpu) against
+onnxruntime-web (WASM, WebGPU where the browser gives an
 adapter) and TensorFlow.js 4.22 (WebGL, WASM; the encoder written with tf ops, tf.layers having no
 attention layer), the same all-MiniLM-L6-v2 with the same weights, in headless Chromium. Not a test.
 
@@ -39,12 +40,13 @@ NAMES = ["input_ids", "attention_mask"]
 HEAD = "head.*"
 LAST = "encoder.bert.encoder.layer.5.*,head.*"
 CHECK_REL_L2 = 1e-4
-FRAMEWORKS = ["texelfit", "tfjs-webgl", "tfjs-wasm", "ort-wasm", "ort-webgpu"]
+FRAMEWORKS = ["texelfit", "texelfit-webgpu", "tfjs-webgl", "tfjs-wasm", "ort-wasm", "ort-webgpu"]
 ROWS = ["embed_1", "embed_16", "head_step", "finetune_step"]
 ROW_LABELS = {"embed_1": f"embedding, 1 sentence of {TOKENS} tokens", "embed_16": f"embeddings, {SENTENCES} sentences",
               "head_step": f"head training on cached embeddings, batch {BATCH} (ms/step)",
               "finetune_step": f"fine-tune step, last layer + head, batch {BATCH}"}
-PAGES = [("texelfit", "head"), ("texelfit", "last"), ("tfjs-webgl", "all"), ("tfjs-wasm", "all"),
+PAGES = [("texelfit", "head"), ("texelfit", "last"), ("texelfit-webgpu", "head"), ("texelfit-webgpu", "last"),
+         ("tfjs-webgl", "all"), ("tfjs-wasm", "all"),
          ("ort-wasm", "infer"), ("ort-webgpu", "infer")]
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Training happens in the browser, on the user's own GPU.",
          "Nothing leaves the device.", "WebGL2 renders into float textures; the kernels are fragment shaders.",
@@ -95,14 +97,14 @@ def prepare(site, compile_onnx, export_inputs, quantize, frameworks):
     t0 = time.perf_counter()
     if any(f.startswith("ort") for f in frameworks):
         e._write(os.path.join(site, "data", "minilm.onnx"), e._ort_copy(export_inputs(model.encoder)))
-    onnx_model = export_inputs(model) if "texelfit" in frameworks else None
+    onnx_model = export_inputs(model) if any(f.startswith("texelfit") for f in frameworks) else None
     info["export_s"] = time.perf_counter() - t0
     bundles = {}
     for key, trainable, q in ([("head", HEAD, "none"), ("last", LAST, "none")] +
                               [(f"head-{q}", HEAD, q) for q in quantize]) if onnx_model else []:
         t0 = time.perf_counter()
         r = compile_onnx(onnx_model, name="minilm", input_shape=[(TOKENS,), (TOKENS,)], max_batch=SENTENCES,
-                         trainable=trainable, quantize=q, weights_file=True)
+                         trainable=trainable, quantize=q, weights_file=True, webgpu="texelfit-webgpu" in frameworks)
         d = os.path.join(site, "bundles", key)
         os.makedirs(d)
         for name, text in r.files.items():
@@ -134,8 +136,8 @@ def page_args(fw, part, url, args):
              tokens=TOKENS, optimizer=e.ADAM, checkTol=CHECK_REL_L2, slow={"ms": args.slow_s * 1000, "repeats": 1},
              ids=f"{d}/input_ids.bin", mask=f"{d}/attention_mask.bin", y=f"{d}/y.bin",
              refEmbeddings=f"{d}/ref_embeddings.bin", refLogits=f"{d}/ref_logits1.bin")
-    if fw == "texelfit":
-        return dict(a, bundle=f"{url}/bundles/{part}/minilm.js")
+    if fw.startswith("texelfit"):  # (texelfit-webgpu: the same bundle, built with --webgpu, on createModel's WebGPU)
+        return dict(a, bundle=f"{url}/bundles/{part}/minilm.js", backend="webgpu" if fw.endswith("webgpu") else "webgl2")
     if fw.startswith("tfjs"):
         return dict(a, backend=fw.split("-")[1], wasmPath=f"{url}/tfjs-wasm/", spec=f"{d}/tf_spec.json",
                     weights=f"{d}/tf_weights.bin", layers=6, lastLayer=5,

@@ -12,7 +12,7 @@ async function run(a) {
   const inputs = (k) => ({ input_ids: ids.subarray(0, k * t), attention_mask: mask.subarray(0, k * t) });
   const mod = await import(a.bundle);
   const t0 = performance.now();
-  const m = await mod.createModel();
+  const m = await mod.createModel(a.backend ? { backend: a.backend } : undefined);
   const env = { createMs: performance.now() - t0, backend: m.info.backend, precision: m.info.precision,
                 maxBatch: m.info.maxBatch, trainable: m.info.trainable.length, trunk: m.info.trunk };
   const checks = {};
