@@ -180,16 +180,16 @@ def _grad_weight_kl(c: dict) -> kl.KernelDef:
     return k
 
 
-def _rows_twins(layer, plan, one: Pass, blocked: kl.KernelDef) -> list[Pass]:
+def _rows_twins(layer, plan, one: Pass, blocked) -> list[Pass]:
     """`one`, a token-wise matmul's pass computing a row a fragment, and where its output has row-blocked parts
-    (webgl2/blocking.py: row_blocked) its twin computing ROW_BLOCK rows a fragment into them (the kernel `blocked`)
+    (webgl2/blocking.py: row_blocked) its twin computing ROW_BLOCK rows a fragment into them (the kernel `blocked()`)
     and their interleave, which run from batch 1 on devices drawing 8 targets at once (Pass.block_from)."""
     out = one.outputs[0]
     if "blk0:" + out not in plan.textures:
         return [one]
     parts = [f"blk{t}:{out}" for t in range(ROW_BLOCK)]
     k = one.kernel
-    twin = Kernel(k.name + " rows", "kl", k.inputs, ROW_BLOCK, k.uniforms, kl=blocked)
+    twin = Kernel(k.name + " rows", "kl", k.inputs, ROW_BLOCK, k.uniforms, kl=blocked())
     one.blocked, one.block_from = False, 1
     return [one, Pass(twin, one.inputs, parts, one.rows, layer.name, blocked=True, block_from=1),
             Pass(interleave_kernel(), parts, [out], one.rows, layer.name, {"u_rows": 1}, blocked=True, block_from=1)]
@@ -255,7 +255,7 @@ def forward(layer, graph, plan):
         textures.append("param:" + layer.params["bias"])
     k = Kernel(_title(c, "matmul_forward"), "kl", names, kl=_forward_kl(c))
     one = Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)
-    return _rows_twins(layer, plan, one, _forward_rows_kl(c, ROW_BLOCK)) if c["weight"] else [one]
+    return _rows_twins(layer, plan, one, lambda: _forward_rows_kl(c, ROW_BLOCK))
 
 
 def _rows_sum_kl(rows: int) -> kl.KernelDef:
@@ -286,7 +286,7 @@ def backward(layer, graph, plan):
     if target:
         k = Kernel(_title(c, "matmul_grad_a"), "kl", ("DY", "B"), kl=_grad_a_kl(c))
         one = Pass(k, [plan.grad(y), _b_texture(layer, plan)], [target], "batch", layer.name)
-        passes += _rows_twins(layer, plan, one, _grad_a_rows_kl(c, ROW_BLOCK)) if c["weight"] else [one]
+        passes += _rows_twins(layer, plan, one, lambda: _grad_a_rows_kl(c, ROW_BLOCK))
     if not c["weight"]:
         target = grad_target(plan, layer, 1)
         if target:
@@ -298,7 +298,7 @@ def backward(layer, graph, plan):
                    uniforms=("u_batch", "u_loss_scale"), kl=_grad_weight_kl(c))
         one = Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], [param_grad(plan, layer, "weight")], "full",
                    layer.name)
-        passes += _rows_twins(layer, plan, one, _grad_weight_rows_kl(c, ROW_BLOCK))
+        passes += _rows_twins(layer, plan, one, lambda: _grad_weight_rows_kl(c, ROW_BLOCK))
     if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
         passes.append(rows_sum_pass(layer, graph, plan, "bias"))
     return passes
