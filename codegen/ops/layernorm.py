@@ -51,16 +51,16 @@ def _stats_kl(c: dict) -> kl.KernelDef:
     return k
 
 
-def _xhat(k: kl.KernelDef, r, col) -> kl.X:
-    """(X - mean) * rstd at texel (r, col), the statistics read from S."""
+def _xhat(k: kl.KernelDef, r, col) -> tuple[kl.X, kl.X]:
+    """(X - mean) * rstd at texel (r, col), and the statistics read from S (row r's texel)."""
     s = k.let("s", load("S", r, 0))
-    return (load("X", r, col) - lane(s, 0)) * lane(s, 1)
+    return (load("X", r, col) - lane(s, 0)) * lane(s, 1), s
 
 
 def _forward_kl(c: dict) -> kl.KernelDef:
     """Y = (X - mean) * rstd * w (+ b) over the f features of each row."""
     k = kl.KernelDef()
-    y = _xhat(k, ROW, COL) * load("W", 0, COL)
+    y = _xhat(k, ROW, COL)[0] * load("W", 0, COL)
     k.out((y + load("B", 0, COL) if c["has_bias"] else y) * valid(k.sym("f", c["f"]), COL))
     return k
 
@@ -83,11 +83,11 @@ def _grad_input_kl(c: dict) -> kl.KernelDef:
     """dX = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dY * w, over the f features of each row."""
     k = kl.KernelDef()
     f, nf, _, _ = _syms(k, c)
-    xhat = k.let("xhat", _xhat(k, ROW, COL))
+    xhat, s = _xhat(k, ROW, COL)
+    xhat = k.let("xhat", xhat)
     sums = k.let("sums", load("G", ROW, 0))
     g = load("DY", ROW, COL) * load("W", 0, COL)
-    k.out(lane(k.let("s1", load("S", ROW, 0)), 1) * (g - lane(sums, 0) / nf - xhat * (lane(sums, 1) / nf))
-          * valid(f, COL))
+    k.out(lane(s, 1) * (g - lane(sums, 0) / nf - xhat * (lane(sums, 1) / nf)) * valid(f, COL))
     return k
 
 
@@ -96,7 +96,7 @@ def _grad_weight_kl(c: dict) -> kl.KernelDef:
     k = kl.KernelDef()
     acc = k.let("acc", splat(0.0))
     with k.loop("r", uniform("u_batch", "int") * k.sym("rows", c["rows"])) as r:
-        k.set(acc, acc + load("DY", r, COL) * _xhat(k, r, COL))
+        k.set(acc, acc + load("DY", r, COL) * _xhat(k, r, COL)[0])
     k.out(acc * valid(k.sym("f", c["f"]), COL) / uniform("u_loss_scale", "float"))
     return k
 
