@@ -2,6 +2,9 @@
 JavaScript (codegen/kl_print.py), for the WebGPU backend.
 
     wgsl(k, inputs, outputs)   a whole WGSL module: one invocation an output texel
+    wgsl(k, inputs, 1, scatter=b)   ... of a kernel computing b rows an invocation (a row-blocked matmul's twin,
+                               codegen/kernels.py: Kernel.wgsl_kl): its output t is row b * ROW + t of out0, the one
+                               binding, written in place (the dispatch covers 1 / b of the rows)
 
 Storage is what WebGPU gives a compute shader: each texture of the plan is a storage buffer of vec4<f32> texels in
 row-major order, logical width `w` (no folding, no rgba8: those are WebGL2's). Bindings, in group 0: the inputs
@@ -188,7 +191,7 @@ def _with_lane(helpers: dict, need):
     return both
 
 
-def wgsl(k, inputs: list[str], outputs: int) -> str:
+def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0) -> str:
     helpers, need = helper_functions(
         "fn _hmax(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }",
         lambda n, last, mask: (f"fn _valid{n}(j: i32) -> vec4<f32> {{ return select(vec4<f32>({mask}), vec4<f32>(1.0), "
@@ -206,7 +209,8 @@ def wgsl(k, inputs: list[str], outputs: int) -> str:
         "let": lambda name, type_, e: f"var {v(name)}: {_TYPE[type_]} = {e};",
         "set": lambda name, e: f"{v(name)} = {e};",
         "setlane": lambda name, i, e: f"{v(name)}[{i}] = {e};",
-        "out": lambda i, e: f"out{i}[_i] = {e};",
+        "out": ((lambda i, e: f"out0[({scatter} * _row + {i}) * _d.width + _col] = {e};") if scatter else
+                (lambda i, e: f"out{i}[_i] = {e};")),
         "variant": lambda name: (f"{{ // {name}: run always (kl.py: KernelDef.variant)", "}")})
     fields = struct_fields(k, inputs)
     decl = [f"@group(0) @binding({i}) var<storage, read> {n}: array<vec4<f32>>;" for i, n in enumerate(inputs)]

@@ -139,9 +139,10 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
     generated: dict[str, str] = {}
     wgsl_index: dict[str, int] = {}
 
-    def wgsl_ref(kdef, inputs: list[str], outputs: int) -> list:
-        """A kernel (kl.KernelDef) as WGSL reading `inputs` (the CPU function's, in its order) into `outputs` targets."""
-        code = wgsl(kdef, inputs, outputs)
+    def wgsl_ref(kdef, inputs: list[str], outputs: int, scatter: int = 0) -> list:
+        """A kernel (kl.KernelDef) as WGSL reading `inputs` (the CPU function's, in its order) into `outputs` targets
+        (with `scatter`, into one: kl_wgsl.wgsl)."""
+        code = wgsl(kdef, inputs, outputs, scatter)
         if code not in wgsl_index:
             wgsl_index[code] = len(webgpu)
             webgpu.append(code)
@@ -149,7 +150,8 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
 
     def kernel_ref(k: Kernel) -> int:
         src = render_kernel(k)
-        sid = source_id(src)
+        # (one GLSL, two WGSL: a row-blocked matmul's one-row kernel is printed from its twin there, Kernel.wgsl_kl)
+        sid = source_id(src) + "".join(f"/{x.scatter}" for x in (k, k.gradient) if x is not None and x.scatter)
         if sid not in index:
             index[sid] = len(kernels)
             # every kernel is written in the kernel language (a WebGL2 routine beside its generic one): the CPU backend
@@ -165,7 +167,9 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
             fn = js(k.kl, inputs, outputs)
             record["cpu"] = source_id(fn)[:10]
             if webgpu is not None:  # the same generic kernel as a compute shader (runtime/webgpu.js runs it as the CPU its function)
-                record["wgsl"] = wgsl_ref(k.kl, inputs, outputs)
+                record["wgsl"] = wgsl_ref(k.wgsl_kl or k.kl, inputs, outputs, k.scatter)
+                if k.scatter:  # (a row-blocked matmul's: its twin's rows an invocation, written in place)
+                    record["scatter"] = k.scatter
             record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
             # a routine's sample blocking (webgl2/blocking.py): the CPU computes the generic kernel, then deals it out
             record["consts"].update({n: k.consts[n] for n in _LAID_OUT if n in k.consts and k.routine})
@@ -186,7 +190,9 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
                 record["consts"].update({n: g.consts[n] for n in _LAID_OUT if n in g.consts and g.routine})
                 generated[record["gradient"]["cpu"]] = gfn
                 if webgpu is not None:
-                    record["gradient"]["wgsl"] = wgsl_ref(g.kl, list(g.inputs), g_outputs)
+                    record["gradient"]["wgsl"] = wgsl_ref(g.wgsl_kl or g.kl, list(g.inputs), g_outputs, g.scatter)
+                    if g.scatter:
+                        record["gradient"]["scatter"] = g.scatter
             kernels.append(record)
         return index[sid]
 

@@ -145,12 +145,25 @@ def test_token_linears_of_16_tokens_are_row_blocked():
         assert f"// texelfit kernel: {what} (" in js and f"// texelfit kernel: {what} rows (" in js, what
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS) + ["webgl_4_targets"])
-def test_row_blocked_token_matmuls_forward_and_gradients(web, site, backend):
+@pytest.mark.parametrize("backend", sorted(BACKENDS) + ["webgl_4_targets", "webgpu"])
+def test_row_blocked_token_matmuls_forward_and_gradients(request, site, backend):
     """The row-blocked passes (8 tokens a fragment) on WebGL2, rgba8 and the CPU; with 4 draw buffers the one-row
-    passes run instead."""
-    options = {"maxDrawBuffers": 4} if backend == "webgl_4_targets" else BACKENDS[backend]
-    check_op(web, site, "ff_rows", feed_forward_rows, ROWS_SHAPE, "cross_entropy", batch=3, seed=6, options=options)
+    passes run instead; WebGPU runs the one-row passes printed from the twins, 8 rows in place (Kernel.wgsl_kl)."""
+    options = {"maxDrawBuffers": 4} if backend == "webgl_4_targets" else {"backend": "webgpu"} \
+        if backend == "webgpu" else BACKENDS[backend]
+    page = request.getfixturevalue("webgpu_web" if backend == "webgpu" else "web")
+    check_op(page, site, "ff_rows", feed_forward_rows, ROWS_SHAPE, "cross_entropy", batch=3, seed=6, options=options)
+
+
+def test_webgpu_runs_the_row_twins_in_place():
+    """A --webgpu build: the one-row kernels of the forwards, input gradients and the weight gradient are printed as
+    WGSL from their twins, writing 8 rows an invocation in place into the one output."""
+    torch.manual_seed(0)
+    js = compile_onnx(export_simplified(feed_forward_rows(), ROWS_SHAPE), name="m", input_shape=ROWS_SHAPE,
+                      max_batch=8, webgpu=True).files["m.js"]
+    # 2 forwards, 2 input gradients, a weight gradient (the optimizer's gradient: once for each optimizer it runs in)
+    assert js.count('"scatter":8') >= 5
+    assert js.count("out0[(8 * _row + 7) * _d.width + _col] = ") >= 5
 
 
 def test_transformer_layer_4_heads_forward_and_gradients(web, site):
@@ -289,12 +302,15 @@ def test_token_feed_forward_block_trains_like_pytorch_with_adam(web, site, backe
                    max_batch=8)
 
 
-@pytest.mark.parametrize("backend,opt", [("webgl", "adam"), ("cpu", "sgd_momentum_wd")])
-def test_row_blocked_token_block_trains_like_pytorch(web, site, backend, opt):
-    """The optimizers reading the row-blocked weight gradient (its parts interleaved as they read it)."""
-    check_training(web, site, _named(feed_forward_rows, f"ff_rows_{backend}"), ROWS_SHAPE, opt, "cross_entropy",
+@pytest.mark.parametrize("backend,opt", [("webgl", "adam"), ("cpu", "sgd_momentum_wd"), ("webgpu", "adam")])
+def test_row_blocked_token_block_trains_like_pytorch(request, site, backend, opt):
+    """The optimizers reading the row-blocked weight gradient (its parts interleaved as they read it); on WebGPU, the
+    weight gradient printed from the twin, in place."""
+    options = {"backend": "webgpu"} if backend == "webgpu" else BACKENDS[backend]
+    page = request.getfixturevalue("webgpu_web" if backend == "webgpu" else "web")
+    check_training(page, site, _named(feed_forward_rows, f"ff_rows_{backend}"), ROWS_SHAPE, opt, "cross_entropy",
                    samples=11, batch_size=4, epochs=2, tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=8,
-                   options=BACKENDS[backend], max_batch=8)
+                   options=options, max_batch=8)
 
 
 def _named(factory, name):

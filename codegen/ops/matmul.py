@@ -9,9 +9,10 @@ backward   matmul_grad_a        DY, B          -> dX        rows: batch   dX = d
 
 Row-blocked (webgl2/blocking.py: row_blocked, where a sample's rows are a multiple of 8): matmul_forward and
 matmul_grad_a with a weight also have a twin computing 8 rows a fragment into blk0..7 (`... rows`) and an interleave,
-which WebGL2 and the CPU run from batch 1 where the device draws 8 targets at once (_rows_twins; WebGPU runs the one-row
-pass); where its inputs are a multiple of 8 too, so does matmul_grad_weight, 8 rows of dB a fragment (into
-blk0..7:pgrad:B, which the optimizer's gradient interleaves).
+which WebGL2 and the CPU run from batch 1 where the device draws 8 targets at once (_rows_twins); where its inputs
+are a multiple of 8 too, so does matmul_grad_weight, 8 rows of dB a fragment (into blk0..7:pgrad:B, which the
+optimizer's gradient interleaves). WebGPU runs the one-row pass with the twin's kernel as its WGSL, 8 rows an
+invocation written in place (Kernel.wgsl_kl): no parts, no interleave.
 
 matmul of two activations, batched: a (G*M, K) @ b (G*K, P), block g of M rows of a times block g of K
 rows of b (attention's Q K^T and A V):
@@ -25,6 +26,8 @@ parameter gradients (matmul_grad_weight, layernorm_grad_weight, rows_sum) are in
 their printed valueAt (ops/optim.py). layernorm is in ops/layernorm.py.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from texelfit.prep.packing import ceil_div
 
@@ -183,13 +186,15 @@ def _grad_weight_kl(c: dict) -> kl.KernelDef:
 def _rows_twins(layer, plan, one: Pass, blocked) -> list[Pass]:
     """`one`, a token-wise matmul's pass computing a row a fragment, and where its output has row-blocked parts
     (webgl2/blocking.py: row_blocked) its twin computing ROW_BLOCK rows a fragment into them (the kernel `blocked()`)
-    and their interleave, which run from batch 1 on devices drawing 8 targets at once (Pass.block_from)."""
+    and their interleave, which run from batch 1 on devices drawing 8 targets at once (Pass.block_from). WebGPU runs
+    `one` with the twin's kernel as its WGSL, its rows written in place (Kernel.wgsl_kl)."""
     out = one.outputs[0]
     if "blk0:" + out not in plan.textures:
         return [one]
     parts = [f"blk{t}:{out}" for t in range(ROW_BLOCK)]
-    k = one.kernel
-    twin = Kernel(k.name + " rows", "kl", k.inputs, ROW_BLOCK, k.uniforms, kl=blocked())
+    k, rows = one.kernel, blocked()
+    twin = Kernel(k.name + " rows", "kl", k.inputs, ROW_BLOCK, k.uniforms, kl=rows)
+    one.kernel = dataclasses.replace(k, wgsl_kl=rows, scatter=ROW_BLOCK)
     one.blocked, one.block_from = False, 1
     return [one, Pass(twin, one.inputs, parts, one.rows, layer.name, blocked=True, block_from=1),
             Pass(interleave_kernel(), parts, [out], one.rows, layer.name, {"u_rows": 1}, blocked=True, block_from=1)]
