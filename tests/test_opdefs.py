@@ -93,12 +93,25 @@ def test_an_op_without_parameters_has_no_weight_layout():
         opdef("maxpool").weight_layout(layer, None, ir.Param("w", None), "weight")
 
 
-def test_only_a_maxpool_and_a_max_save_textures_for_their_backward():
+def test_only_a_maxpool_a_max_and_a_layernorm_save_textures_for_their_backward():
     layer = lambda op, **attrs: Layer(op, op, ["x"], ["y"], attrs)  # noqa: E731
     assert opdef("maxpool").saves(layer("maxpool"), None) == ("argmax:",)
     assert opdef("reduce").saves(layer("reduce", kind="max"), None) == ("ties:",)
     assert opdef("reduce").saves(layer("reduce", kind="mean"), None) == ()
-    assert all(d.saves(layer(op), None) == () for op, d in REGISTRY.items() if op not in ("maxpool", "reduce"))
+    others = (d for op, d in REGISTRY.items() if op not in ("maxpool", "reduce", "layernorm"))
+    assert all(d.saves(layer(d.name), None) == () for d in others)
+
+
+@pytest.mark.parametrize("input_trains", [True, False])
+def test_a_layernorm_saves_its_statistics_and_where_its_input_needs_a_gradient_its_sums(input_trains):
+    class Graph:  # (the two things the rule reads)
+        shapes = {"y": (6, 10)}
+
+        def needs_grad(self):
+            return {"x", "y"} if input_trains else {"y"}
+
+    got = opdef("layernorm").saves(Layer("layernorm", "ln", ["x"], ["y"]), Graph())
+    assert got == (("lnstat:", "partial", (6, 2)),) + ((("lnsum:", "partial", (6, 2)),) if input_trains else ())
 
 
 def _per_op(graph) -> dict:

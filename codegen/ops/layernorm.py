@@ -6,10 +6,11 @@ backward   layernorm_grad_sums      DY, X, S, W   -> G          rows: batch   (s
            layernorm_grad_input     DY, X, S, W, G -> dX        rows: batch   rstd * (g - mean(g) - xhat mean(g xhat))
            layernorm_grad_weight    DY, X, S      -> dw         rows: full    sum over rows of dY * xhat
            rows_sum                 DY            -> db         rows: full
-S (lnstat:Y) and G (lnsum:Y) hold a texel a row, float32 in every tier (layout.py). Each row's statistics and sums are
-computed once, by a fragment a row, where every texel's fragment computed them again: a row of F features is
-ceil(F/4) texels, so that was 2 (3 in grad_input) loops over the row a texel, O(F^2) fetches a row (MiniLM's
-384 features: 96 texels, its layernorm_forward of 16 sentences 35 ms a call; see bench/results/minilm_profile.json).
+S (lnstat:Y) and G (lnsum:Y) hold a texel a row, float32 in every tier (planned by its saves rule: prep/ops/tokens.py,
+layernorm_saves). Each row's statistics and sums are computed once, by a fragment a row, where every texel's fragment
+computed them again: a row of F features is ceil(F/4) texels, so that was 2 (3 in grad_input) loops over the row a
+texel, O(F^2) fetches a row (MiniLM's 384 features: 96 texels, its layernorm_forward of 16 sentences 35 ms a call; see
+bench/results/minilm_profile.json).
 Every kernel is written in the kernel language (codegen/kl.py): its GLSL, CPU function and WGSL are printed from it.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..kl import COL, ROW, dot, hsum, lane, load, splat, sqrt, uniform, valid, v
 from .common import grad_target, param_grad
 from .matmul import rows_sum_pass
 
-STATS, SUMS = "lnstat:", "lnsum:"  # (layout.py plans them)
+STATS, SUMS = "lnstat:", "lnsum:"  # (its saves rule, prep/ops/tokens.py, plans them)
 
 
 def _consts(layer, graph):

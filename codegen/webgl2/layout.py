@@ -291,11 +291,10 @@ def plan_layout(graph: Graph, max_batch: int) -> LayoutPlan:
             continue
         if not column_only(out, graph, needs):  # (else its 8 parts below alone)
             per_sample("act:" + out, "activation", out)
-        for prefix in opdef(layer.op).saves(layer, graph):  # for its backward: a maxpool's argmax, a max's ties
-            per_sample(prefix + out, "argmax", out)
-        if layer.op == "layernorm":  # a texel a row (float32): its statistics, and its gradient's sums (ops/layernorm.py)
-            for prefix in ("lnstat:",) + (("lnsum:",) if layer.inputs[0] in needs else ()):
-                per_sample(prefix + out, "partial", out, (graph.shapes[out][0], 2))
+        # for its backward: a maxpool's argmax, a max's ties (of its output's shape), a layernorm's statistics
+        for saved in opdef(layer.op).saves(layer, graph):
+            prefix, role, shape = (saved, "argmax", None) if isinstance(saved, str) else saved
+            per_sample(prefix + out, role, out, shape)
         if sample_blocked(layer, graph, max_batch) and not column_blocked(layer, graph):
             blocked_parts("act:" + out, "activation", out)  # 8 samples a fragment: its forward's 8 render targets
         if row_blocked(layer, graph):  # 8 tokens a fragment: its forward's 8 render targets

@@ -18,9 +18,10 @@ An OpDef carries:
     weight_layout(layer, graph, param, role) -> (Packing, height)
                                               how a parameter it reads other than a bias is laid out in its
                                               texture (codegen/webgl2/layout.py: plan_layout; a bias is always one row)
-    saves(layer, graph) -> prefixes           the per-sample textures (of its output's shape, role "argmax") its
-                                              forward writes beside its output for its backward, e.g. ("argmax:",)
-                                              (codegen/webgl2/layout.py: plan_layout)
+    saves(layer, graph) -> prefixes           the per-sample textures its forward writes beside its output for its
+                                              backward: a prefix (of its output's shape, role "argmax"), e.g.
+                                              ("argmax:",), or (prefix, role, a sample's shape), a layernorm's
+                                              statistics (codegen/webgl2/layout.py: plan_layout)
     kernels                                   the codegen module declaring its passes (codegen/ops/<kernels>.py,
                                               codegen/ops/__init__.py: FAMILIES); None only for an op folded
                                               away before codegen

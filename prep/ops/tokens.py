@@ -62,6 +62,14 @@ def matmul_layout(layer, graph, p, role):
     return matrix_packing(i, o, not p.transposed), i  # B[I, O] of x @ B, O in the texel (canonical() is [O, I])
 
 
+def layernorm_saves(layer, graph) -> tuple:
+    """A texel a row, float32 in every tier (role "partial"): its statistics (mean, 1 / std), and where its input
+    needs a gradient its backward's two sums a row (codegen/ops/layernorm.py: lnstat:Y, lnsum:Y)."""
+    rows = (graph.shapes[layer.outputs[0]][0], 2)
+    return (("lnstat:", "partial", rows),) + ((("lnsum:", "partial", rows),) if layer.inputs[0] in graph.needs_grad()
+                                               else ())
+
+
 def layernorm_layout(layer, graph, p, role):
     """Per feature vectors, as a bias: one row."""
     return matrix_packing(1, p.array.size), 1
@@ -75,6 +83,6 @@ def embedding_layout(layer, graph, p, role):
 register("matmul", flops=matmul_flops, torch=matmul_forward, prune=token_prune, cut=same_attrs,
          weight_layout=matmul_layout, saves=saves_nothing, kernels="matmul")
 register("layernorm", flops=layernorm_flops, torch=layernorm_forward, prune=token_prune, cut=same_attrs,
-         weight_layout=layernorm_layout, saves=saves_nothing, kernels="layernorm")
+         weight_layout=layernorm_layout, saves=layernorm_saves, kernels="layernorm")
 register("embedding", flops=moves_data, torch=embedding_forward, prune=token_prune, cut=same_attrs,
          weight_layout=embedding_layout, saves=saves_nothing, kernels="embedding")
