@@ -91,15 +91,84 @@ def site(tmp_path_factory):
     s.close()
 
 
-@pytest.fixture
-def web(page, site):
-    """A blank page on the test site; console errors fail the test."""
-    errors: list[str] = []
-    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+# Clears what a page of the test site keeps across navigations (a test's checkpoints: IndexedDB, localStorage).
+CLEAR_STORAGE = """async () => {
+  for (const d of await indexedDB.databases()) {
+    await new Promise((resolve) => { const r = indexedDB.deleteDatabase(d.name); r.onsuccess = r.onerror = r.onblocked = resolve; });
+  }
+  localStorage.clear();
+}"""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "call" and outcome.get_result().failed:
+        item.page_failed = True  # (web: the next test gets a fresh page)
+
+
+class _Pages:
+    """A page reused by a module's `web` tests, each on a freshly loaded index.html with the site's storage cleared:
+    a browser context a test cost about 0.3 s more here, some 900 times a run. A test that leaves more behind than a
+    navigation clears (an init script, a CDP session) or that needs a context of its own (@pytest.mark.fresh_page:
+    before and after it), a test that failed and a page that is gone, are replaced by a new context's."""
+
+    def __init__(self, browser):
+        self.browser, self.page = browser, None
+
+    def get(self):
+        if self.page is None or self.page.is_closed():
+            self.page = self.browser.new_context().new_page()
+        return self.page
+
+    def drop(self):
+        if self.page is not None:
+            self.page.context.close()
+            self.page = None
+
+
+@pytest.fixture(scope="module")
+def _pages(browser):
+    pages = _Pages(browser)
+    yield pages
+    pages.drop()
+
+
+def _blank_page(pages: _Pages, site, request, check=None):
+    """The body of `web` and `webgpu_web`: `pages`' page on a freshly loaded index.html, its storage cleared, `check`
+    run on it; console errors fail the test."""
+    fresh = request.node.get_closest_marker("fresh_page") is not None
+    if fresh:
+        pages.drop()
+    page = pages.get()
     page.goto(f"{site.url}/index.html")
+    page.evaluate(CLEAR_STORAGE)
+    if check:
+        check(page)
+    errors: list[str] = []
+
+    def on_console(msg):
+        if msg.type == "error":
+            errors.append(f"console.{msg.type}: {msg.text}")
+
+    def on_error(exc):
+        errors.append(f"pageerror: {exc}")
+
+    page.on("console", on_console)
+    page.on("pageerror", on_error)
     yield page
+    if not page.is_closed():
+        page.remove_listener("console", on_console)
+        page.remove_listener("pageerror", on_error)
+    if fresh or getattr(request.node, "page_failed", False):
+        pages.drop()
     assert not errors, "errors in the page:\n" + "\n".join(errors)
+
+
+@pytest.fixture
+def web(_pages, site, request):
+    """A blank page on the test site (a module's tests share one, reloaded: _Pages); console errors fail the test."""
+    yield from _blank_page(_pages, site, request)
 
 
 @pytest.fixture(scope="session")
@@ -110,16 +179,20 @@ def webgpu_browser(browser_type):
     b.close()
 
 
-@pytest.fixture
-def webgpu_web(webgpu_browser, site):
-    """A blank page of the WebGPU browser; console errors fail the test, and so does a missing adapter (not a skip)."""
-    page = webgpu_browser.new_page()
-    errors: list[str] = []
-    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-    page.goto(f"{site.url}/index.html")
+@pytest.fixture(scope="module")
+def _webgpu_pages(webgpu_browser):
+    pages = _Pages(webgpu_browser)
+    yield pages
+    pages.drop()
+
+
+def _has_webgpu(page):
     assert page.evaluate("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())"), \
         "no WebGPU adapter: Chromium must give SwiftShader's with --enable-unsafe-webgpu"
-    yield page
-    page.close()
-    assert not errors, "errors in the page:\n" + "\n".join(errors)
+
+
+@pytest.fixture
+def webgpu_web(_webgpu_pages, site, request):
+    """A blank page of the WebGPU browser (shared as `web`'s); console errors fail the test, and so does a missing
+    adapter (not a skip)."""
+    yield from _blank_page(_webgpu_pages, site, request, _has_webgpu)

@@ -67,6 +67,7 @@ for (const C of [globalThis.HTMLCanvasElement, globalThis.OffscreenCanvas]) {
 """
 
 
+@pytest.mark.fresh_page  # (its init script stays with the page)
 def test_cpu_is_chosen_where_webgl2_is_missing(web, site):
     web.add_init_script(NO_WEBGL2)
     web.reload()

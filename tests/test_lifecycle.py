@@ -247,6 +247,7 @@ def test_restore_into_another_architecture_is_refused(web, bundle, data, site):
     assert missing == "no-checkpoint"
 
 
+@pytest.mark.fresh_page  # (a context of its own, and a CDP session on its page)
 def test_quota_exceeded_rejects_with_a_typed_error(web, bundle, data, site):
     # a fresh browser context: the quota applies from the first use of storage
     cdp = web.context.new_cdp_session(web)
