@@ -76,21 +76,30 @@ def encoder_url(site):
     return url
 
 
-def check_embeddings(page, url, texts, options=None):
+def check_embeddings(page, url, texts, options=None, embed=None):
+    """The bundle's tokenizer on every text (its ids and masks against Hugging Face's), and the embeddings of the
+    texts at `embed` (default all; 10 a predict) against SentenceTransformer.encode."""
+    embed = list(range(len(texts))) if embed is None else list(embed)
     ids = minilm.tokenize(texts, 128)
     # as a page does it: the bundle's tokenizer (--tokenizer), then predict on what it gives
     got = run_model(page, url, """
         const x = await m.fromText(args.texts), out = [];
-        for (let s = 0; s < args.texts.length; s += 10) {
-          const part = { input_ids: x.input_ids.subarray(s * 128, (s + 10) * 128),
-                         attention_mask: x.attention_mask.subarray(s * 128, (s + 10) * 128) };
-          out.push(...await m.predict(part, Math.min(10, args.texts.length - s)));
+        const rows = (a, r) => {  // (the texts at r)
+          const o = new Int32Array(r.length * 128);
+          r.forEach((i, j) => o.set(a.subarray(i * 128, (i + 1) * 128), j * 128));
+          return o;
+        };
+        for (let s = 0; s < args.embed.length; s += 10) {
+          const r = args.embed.slice(s, s + 10);
+          const part = { input_ids: rows(x.input_ids, r), attention_mask: rows(x.attention_mask, r) };
+          out.push(...await m.predict(part, r.length));
         }
         return { out, ids: Array.from(x.input_ids), mask: Array.from(x.attention_mask), backend: m.info.backend };
-    """, {"texts": texts}, options)
-    assert got["ids"] == ids["input_ids"].reshape(-1).tolist() and got["mask"] == ids["attention_mask"].reshape(-1).tolist()
-    backend, got = got["backend"], np.asarray(got["out"], dtype=np.float64).reshape(len(texts), 384)
-    ref = minilm.sentence_transformer(128).encode(texts).astype(np.float64)  # truncated at 128 tokens too
+    """, {"texts": texts, "embed": embed}, options)
+    assert got["ids"] == ids["input_ids"].reshape(-1).tolist()
+    assert got["mask"] == ids["attention_mask"].reshape(-1).tolist()
+    backend, got = got["backend"], np.asarray(got["out"], dtype=np.float64).reshape(len(embed), 384)
+    ref = minilm.sentence_transformer(128).encode([texts[i] for i in embed]).astype(np.float64)  # truncated at 128 too
     cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
     print(f"MiniLM in Chromium ({backend}) against SentenceTransformer.encode: cosine min {cos.min():.8f}, "
           f"max abs diff {np.abs(got - ref).max():.3g}")
@@ -98,20 +107,26 @@ def check_embeddings(page, url, texts, options=None):
     return backend
 
 
+def spread(texts, n):
+    """The indices of n of `texts` spread over their token lengths, the shortest and the longest among them."""
+    order = np.argsort(minilm.tokenize(texts, 128)["attention_mask"].sum(1), kind="stable")
+    return [int(order[round(i * (len(order) - 1) / (n - 1))]) for i in range(n)]
+
+
 def test_sentence_embeddings_from_the_bundles_tokenizer_match_sentence_transformers(web, encoder_url):
-    texts = sentences(30)  # (3 batches of 10, 11 of them truncated: SwiftShader takes about 4.5 s a sentence)
-    lengths = minilm.tokenize(texts, 128)["attention_mask"].sum(1)
-    assert lengths.min() <= 5 and lengths.max() == 128  # short ones and truncated ones
-    assert check_embeddings(web, encoder_url, texts) == "webgl2"
+    """50 sentences through the bundle's tokenizer; 12 of them, of lengths from the shortest to a truncated one,
+    embedded (a predict of 10 and one of 2: SwiftShader takes about 2 s a sentence of 128 tokens)."""
+    texts = sentences()
+    embed = spread(texts, 12)
+    lengths = minilm.tokenize([texts[i] for i in embed], 128)["attention_mask"].sum(1)
+    assert lengths.min() <= 5 and lengths.max() == 128 and (lengths == 128).sum() >= 2  # short ones, truncated ones
+    assert check_embeddings(web, encoder_url, texts, embed=embed) == "webgl2"
 
 
 def test_sentence_embeddings_on_webgpu(webgpu_web, encoder_url):
-    """The same bundle on the WebGPU backend: the shortest sentence, a truncated one and two between (a batch of 4:
-    SwiftShader's WebGPU takes about 6 s a sentence here)."""
+    """The same bundle on the WebGPU backend: the shortest sentence, a truncated one and two between (a batch of 4)."""
     texts = sentences()
-    lengths = minilm.tokenize(texts, 128)["attention_mask"].sum(1)
-    order = np.argsort(lengths, kind="stable")
-    texts = [texts[i] for i in (order[0], order[len(order) // 3], order[2 * len(order) // 3], order[-1])]
+    texts = [texts[i] for i in spread(texts, 4)]
     lengths = minilm.tokenize(texts, 128)["attention_mask"].sum(1)
     assert lengths.min() <= 5 and lengths.max() == 128
     assert check_embeddings(webgpu_web, encoder_url, texts, {"backend": "webgpu"}) == "webgpu"

@@ -1,7 +1,7 @@
 """The demo page as a person uses it (`texelfit demo`): EfficientNet-Lite0 with a new head, taught the
 user's own pictures in the browser.
 
-Built once for the module (the tier measured, the bundle, lite0.onnx) and served from 127.0.0.1 with the
+Built once for the session (the tier measured, the bundle, lite0.onnx) and served from 127.0.0.1 with the
 Content-Security-Policy that `texelfit demo` sends. One Chromium with the fake capture device
 (`--use-fake-device-for-media-stream --use-fake-ui-for-media-stream`: a synthetic moving picture, the
 permission granted) serves both flows:
@@ -38,7 +38,7 @@ PER_CLASS = 9  # every third held out: 6 train, 3 held out
 TIMEOUT = 240_000
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # (not "module": pytest orders the [chromium] test apart, which built it twice)
 def photos(site):
     start = time.perf_counter()
     summary = build_photos_demo(site.path("photos"), progress=False)
