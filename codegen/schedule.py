@@ -150,8 +150,9 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
 
     def kernel_ref(k: Kernel) -> int:
         src = render_kernel(k)
-        # (one GLSL, two WGSL: a row-blocked matmul's one-row kernel is printed from its twin there, Kernel.wgsl_kl)
-        sid = source_id(src) + "".join(f"/{x.scatter}" for x in (k, k.gradient) if x is not None and x.scatter)
+        sid = source_id(src)
+        if webgpu is not None:  # (one GLSL, two WGSL: a row-blocked matmul's one-row kernel is printed from its twin)
+            sid += "".join(f"/{x.scatter}" for x in (k, k.gradient) if x is not None and x.scatter)
         if sid not in index:
             index[sid] = len(kernels)
             # every kernel is written in the kernel language (a WebGL2 routine beside its generic one): the CPU backend

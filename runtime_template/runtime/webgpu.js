@@ -7,9 +7,10 @@
 //   * a pass dispatches its kernel's generic form printed as WGSL (WGSL[kernel.wgsl[0]], codegen/kl_wgsl.py), one
 //     invocation a texel of the rows it draws, as the CPU backend calls the same kernel's function: the one-sample
 //     twin of a sample-blocked pass (webgpuRuns), a row-blocked token matmul's one-row pass printed from its twin (8
-//     rows an invocation written in place: kernel.scatter; no parts, no interleave), an optimizer's gradient into a scratch buffer of its parameter's
-//     size first and then its update (cpu.js: cpuOptimizer), a column-blocked conv forward's draw into all its parts
-//     as whole rows into a scratch buffer, dealt out into the parts a dispatch each (cpu_columns.js: cpuColumns);
+//     rows an invocation written in place: kernel.scatter; no parts, no interleave), an optimizer's gradient into a
+//     scratch buffer of its parameter's size first and then its update (cpu.js: cpuOptimizer), a column-blocked conv
+//     forward's draw into all its parts as whole rows into a scratch buffer, dealt out into the parts a dispatch
+//     each (cpu_columns.js: cpuColumns);
 //   * each dispatch has a uniform buffer of its own (the struct _d: rows, width, the inputs' widths, the kernel's
 //     uniforms), written when a value changed; one run() is one command buffer; reads copy into a mappable
 //     buffer kept for their slot, and mapAsync.
@@ -94,7 +95,7 @@ class WebGpuRunner {
       throw new TexelfitError('webgpu-kernel', `kernel "${k.name}" (${r.label}) has no WGSL here: a WebGL2 routine's layout`);
     }
     if (k.consts.colblock) return this.#columnStages(r);
-    // (a row-blocked matmul's kernel, or gradient, computes k.scatter rows an invocation: its dispatch covers 1 / k.scatter)
+    // (a row-blocked matmul's kernel, or gradient, computes `scatter` rows an invocation: its dispatch covers 1 / scatter)
     if (!g) return [this.#stage(k.wgsl, r.inputs, r.outputs, null, 1 / (k.scatter ?? 1))];
     const P = r.inputs[g.inputs + 1], G = this.#scratch('g', P.spec.width, P.spec.height);
     return [this.#stage(g.wgsl, r.inputs.slice(0, g.inputs), [G], null, 1 / (g.scatter ?? 1)),
