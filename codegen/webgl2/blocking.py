@@ -57,7 +57,8 @@ def sample_blocked(layer, graph: Graph, max_batch: int) -> bool:
 # pass interleaves them into T (the sample-blocked dense layer's interleave, a row a sample): each weight texel
 # fetched then serves 8 tokens (12 fetches for 128 multiply-adds instead of 5 for 16). Where a sample's rows are
 # a multiple of 8 (a block is within one sample, so the parts are per-sample textures of R/8 rows a sample), on
-# devices that draw into 8 targets at once (Pass.block_from: from batch 1); elsewhere the one-row pass. MiniLM's
+# devices that draw into 8 targets at once (Pass.block_from: from batch 1); elsewhere the one-row pass (WebGPU
+# runs it printed from the twin's kernel, its 8 rows an invocation written in place: Kernel.wgsl_kl). MiniLM's
 # features of 16 sentences of 32 tokens (bench/minilm_profile.py, every draw synced): its token matmuls 5.9 s one
 # row a fragment, 2.0 s 8 rows. The threshold (a 16-token 16 -> 16 Linear) is not a measurement: below it a layer is
 # a small share of any step, and the pass more a small cost.
