@@ -108,10 +108,11 @@ def pytest_runtest_makereport(item, call):
 
 
 class _Pages:
-    """A page reused by a module's `web` tests, each on a freshly loaded index.html with the site's storage cleared:
-    a browser context a test cost about 0.3 s more here, some 900 times a run. A test that leaves more behind than a
-    navigation clears (an init script, a CDP session) or that needs a context of its own (@pytest.mark.fresh_page:
-    before and after it), a test that failed and a page that is gone, are replaced by a new context's."""
+    """A page reused by a module's `web` tests, each on a freshly loaded index.html with the site's storage
+    cleared: a new browser context a test cost 0.3 to 0.5 s more here, some 1000 times a run. A test that leaves
+    more behind than a navigation clears (an init script, a CDP session) or that needs a context of its own
+    (@pytest.mark.fresh_page: before and after it), a test that failed and a page that is gone, are replaced by a
+    new context's."""
 
     def __init__(self, browser):
         self.browser, self.page = browser, None
