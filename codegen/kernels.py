@@ -60,12 +60,16 @@ class Kernel:
     # printed from its `kl` (kl_print.glsl(value=True)); the CPU runs its function into a scratch texture first
     # (codegen/schedule.py: serialize; runtime/cpu.js: cpuOptimizer)
     gradient: Kernel | None = field(default=None, hash=False, compare=False)
-    # a row-blocked token matmul's one-row kernel (ops/matmul.py: _rows_twins): the KernelDef its WGSL is printed
-    # from instead of `kl`, its twin's, computing `scatter` rows an invocation and writing them in place (codegen/
-    # kl_wgsl.py: wgsl's `scatter`; the dispatch covers 1 / scatter of the rows), where WebGL2 draws the twin's rows
-    # into parts and interleaves them, passes of their own
+    # the KernelDef WebGPU's WGSL is printed from instead of `kl`, computing `scatter` rows an invocation (0: one)
+    # and writing them in place (codegen/kl_wgsl.py: wgsl's `scatter`; the dispatch covers 1 / scatter of the rows):
+    # a row-blocked token matmul's one-row kernel's is its twin's (ops/matmul.py: _rows_twins), where WebGL2 draws
+    # the twin's rows into parts and interleaves them, passes of their own; a conv's is vectorised (ops/conv_vec.py)
     wgsl_kl: object = field(default=None, hash=False, compare=False)
     scatter: int = field(default=0, hash=False, compare=False)
+    # WebGPU: (parts, the KernelDef of their sum): `wgsl_kl` computes `parts` partial sums of the output (rows
+    # p*R + r, R its rows) into a scratch buffer, which a second dispatch adds up (ops/conv_vec.py: split_sum_kl): a
+    # conv's weight gradient of few texels; () none
+    split: tuple = field(default=(), hash=False, compare=False)
 
     @property
     def routine(self) -> bool:

@@ -3,8 +3,10 @@ JavaScript (codegen/kl_print.py), for the WebGPU backend.
 
     wgsl(k, inputs, outputs)   a whole WGSL module: one invocation an output texel
     wgsl(k, inputs, 1, scatter=b)   ... of a kernel computing b rows an invocation (a row-blocked matmul's twin,
-                               codegen/kernels.py: Kernel.wgsl_kl): its output t is row b * ROW + t of out0, the one
-                               binding, written in place (the dispatch covers 1 / b of the rows)
+                               a conv's vectorised kernel: codegen/kernels.py: Kernel.wgsl_kl): its output t is row
+                               b * ROW + t of out0, the one binding, written in place (the dispatch covers 1 / b of
+                               the rows, rounded up: a kernel whose rows need not be a multiple of b writes its
+                               outputs under a `when`, ops/conv_vec.py)
 
 Storage is what WebGPU gives a compute shader: each texture of the plan is a storage buffer of vec4<f32> texels in
 row-major order, logical width `w` (no folding, no rgba8: those are WebGL2's). Bindings, in group 0: the inputs
@@ -191,6 +193,17 @@ def _with_lane(helpers: dict, need):
     return both
 
 
+def _assigned(body) -> set[str]:
+    """The variables a statement of `body` sets after their `let` (a WGSL `var`; the others are `let`s: values)."""
+    out: set[str] = set()
+    for s in body:
+        if s[0] in ("set", "setlane"):
+            out.add(s[1])
+        for sub in (s[-1] if s[0] in ("for", "if", "variant") else ()):
+            out |= _assigned([sub])
+    return out
+
+
 def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0) -> str:
     helpers, need = helper_functions(
         "fn _hmax(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }",
@@ -203,10 +216,12 @@ def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0) -> str:
                                      + ");"))
     need = _with_lane(helpers, need)
     v = _name
+    assigned = _assigned(k.body)
     lines = c_like_block(k.body, 1, _w, need, {
         "for": lambda i, start, stop: f"for (var {v(i)}: i32 = {start}; {v(i)} < {stop}; {v(i)}++) {{",
         "unroll": _unroll,
-        "let": lambda name, type_, e: f"var {v(name)}: {_TYPE[type_]} = {e};",
+        "let": lambda name, type_, e: (f"var {v(name)}: {_TYPE[type_]} = {e};" if name in assigned else
+                                       f"let {v(name)}: {_TYPE[type_]} = {e};"),
         "set": lambda name, e: f"{v(name)} = {e};",
         "setlane": lambda name, i, e: f"{v(name)}[{i}] = {e};",
         "out": ((lambda i, e: f"out0[({scatter} * _row + {i}) * _d.width + _col] = {e};") if scatter else

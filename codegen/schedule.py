@@ -152,7 +152,8 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
         src = render_kernel(k)
         sid = source_id(src)
         if webgpu is not None:  # (one GLSL, two WGSL: a row-blocked matmul's one-row kernel is printed from its twin)
-            sid += "".join(f"/{x.scatter}" for x in (k, k.gradient) if x is not None and x.scatter)
+            sid += "".join(f"/{x.scatter}/{x.split[0] if x.split else 0}" for x in (k, k.gradient)
+                           if x is not None and (x.scatter or x.split))
         if sid not in index:
             index[sid] = len(kernels)
             # every kernel is written in the kernel language (a WebGL2 routine beside its generic one): the CPU backend
@@ -169,8 +170,10 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
             record["cpu"] = source_id(fn)[:10]
             if webgpu is not None:  # the same generic kernel as a compute shader (runtime/webgpu.js runs it as the CPU its function)
                 record["wgsl"] = wgsl_ref(k.wgsl_kl or k.kl, inputs, outputs, k.scatter)
-                if k.scatter:  # (a row-blocked matmul's: its twin's rows an invocation, written in place)
+                if k.scatter:  # (a row-blocked matmul's, a conv's: several rows an invocation, written in place)
                     record["scatter"] = k.scatter
+                if k.split:  # (a conv's weight gradient: partial sums, then their sum)
+                    record["split"] = [k.split[0], wgsl_ref(k.split[1], ["P"], 1)]
             record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}
             # a routine's sample blocking (webgl2/blocking.py): the CPU computes the generic kernel, then deals it out
             record["consts"].update({n: k.consts[n] for n in _LAID_OUT if n in k.consts and k.routine})
@@ -194,6 +197,8 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
                     record["gradient"]["wgsl"] = wgsl_ref(g.wgsl_kl or g.kl, list(g.inputs), g_outputs, g.scatter)
                     if g.scatter:
                         record["gradient"]["scatter"] = g.scatter
+                    if g.split:
+                        record["gradient"]["split"] = [g.split[0], wgsl_ref(g.split[1], ["P"], 1)]
             kernels.append(record)
         return index[sid]
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from codegen.kl_print import glsl, js
+from codegen.ops import conv_vec
 from codegen.ops.conv_kl import forward_kl, grad_input_kl, grad_weight_kl, interleave_cols_kl
 from helpers import FWD, GRAD, assert_close, build_module, run_model
 from models import ColumnChain, TransposedConvs
@@ -28,21 +29,28 @@ from texelfit.prep.packing import ceil_div
 BATCH, MAX_BATCH = 5, 8  # (the textures hold 8 samples: the kernels read the first u_batch)
 
 
-def _run(k, inputs: dict[str, np.ndarray], width: int, rows: int, u: dict) -> np.ndarray:
-    fn = js(k, list(inputs), 1)
+def _run(k, inputs: dict[str, np.ndarray], width: int, rows: int, u: dict, block: int = 1) -> np.ndarray:
+    """k printed as JavaScript and run over `rows` rows of `width` texels; a kernel computing `block` rows an
+    invocation (output t: row block*ROW + t) over the ceil(rows / block) blocks, its outputs interleaved back."""
+    fn = js(k, list(inputs), block)
     tex = {n: {"width": a.shape[1], "data": [None if np.isnan(v) else float(v) for v in a.reshape(-1)]}
            for n, a in inputs.items()}
+    blocks = ceil_div(rows, block)
     script = f"""
 const fn = {fn};
 const t = {json.dumps(tex)};
 const ins = {json.dumps(list(inputs))}.map((n) => ({{ width: t[n].width,
                                            data: Float32Array.from(t[n].data.map((v) => v ?? NaN)) }}));
-const out = {{ width: {width}, data: new Float32Array({rows * width * 4}).fill(7) }};
-fn({json.dumps(k.symbols)}, ins, [out], {json.dumps(u)}, {rows});
-console.log(JSON.stringify(Array.from(out.data)));
+const outs = Array.from({{ length: {block} }}, () => ({{ width: {width},
+                                                        data: new Float32Array({blocks * width * 4}).fill(7) }}));
+fn({json.dumps(k.symbols)}, ins, outs, {json.dumps(u)}, {blocks});
+console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 """
     got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
-    return np.array(json.loads(got), dtype=np.float64).reshape(rows, width, 4)
+    parts = np.array(json.loads(got), dtype=np.float64).reshape(block, blocks, width, 4)
+    out = parts.transpose(1, 0, 2, 3).reshape(blocks * block, width, 4)
+    assert (out[rows:] == 7).all(), "a block's rows past the batch's are not written (on WebGPU: past the buffer)"
+    return out[:rows]
 
 
 def _act_tex(a: np.ndarray, samples: int = MAX_BATCH) -> np.ndarray:
@@ -92,6 +100,7 @@ SHAPES = {
     "depthwise_padded": (5, 5, 5, (3, 3), (1, 2), (1, 1, 1, 1), (1, 1), 5, 8),
     "depthwise_multiplier_1x1": (3, 9, 3, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 5, 5),
     "wide_channels_kernel_2x3": (9, 7, 1, (2, 3), (1, 2), (0, 1, 1, 0), (2, 1), 6, 7),
+    "channels_of_whole_texels_strided": (8, 12, 1, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 7, 6),
 }
 
 
@@ -104,7 +113,7 @@ def _case(name: str, rng):
     oh, ow = y.shape[2:]
     c = dict(ic=ic, ih=ih, iw=iw, oc=oc, oh=oh, ow=ow, ic4=ceil_div(ic, 4), oc4=ceil_div(oc, 4), kh=kh, kw=kw,
              sh=sh, sw=sw, pt=pt, pl=pl, dh=dh, dw=dw, icg=ic // g, ocg=oc // g, has_bias=True,
-             nb4=ceil_div(MAX_BATCH, 4))
+             nb4=ceil_div(MAX_BATCH, 4), groups=g, depthwise=g == ic == oc)
     return c, x, w, b, y
 
 
@@ -149,6 +158,53 @@ def test_conv_transpose_forward_printed_as_javascript(name):
     ins = {"DZ": _act_tex(z.numpy()), "W": _weight_tex(w.detach().numpy()), "B": _bias_tex(bt.numpy())}
     got = _run(grad_input_kl(c, True, "tanh", {}), ins, c["iw"] * c["ic4"], BATCH * c["ih"], {})
     np.testing.assert_allclose(_from_tex(got, BATCH, c["ic"], c["ih"], c["iw"]), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [1, conv_vec.ROWS])
+@pytest.mark.parametrize("name", [n for n in sorted(SHAPES) if conv_vec.applies(_case(n, np.random.default_rng())[0])])
+def test_vectorised_kernels_compute_what_the_generic_ones_do(name, block):
+    """WebGPU's vectorised conv kernels (ops/conv_vec.py: groups 1 and depthwise; whole texels of input channels and
+    a rest, 4 samples a fetch of XT and a rest), forward and grad_input one row or `block` rows an invocation
+    (the last block past the batch's rows: not written) and grad_weight whole or split into partial sums over the
+    output's rows (split_sum_kl adds them), printed as JavaScript, against the generic
+    kernels on the same inputs and against PyTorch; a batch short of the texture (rows past it NaN)."""
+    rng = np.random.default_rng(len(name) + 3)
+    c, x, w, b, y = _case(name, rng)
+    # (block 1: the weight gradient one row an invocation, whole; else as WebGPU runs it, the test's small weights
+    # split, and 4 channels an invocation where they fill texels)
+    split, chans = (conv_vec.split_of(c), conv_vec.chans_of(c)) if block > 1 else (1, 1)
+    assert block == 1 or split > 1
+    dz = torch.tensor(rng.standard_normal(y.shape), dtype=torch.float64)
+    dx, dw = torch.autograd.grad(y, (x, w), dz)
+    xs, ws = _act_tex(x.detach().numpy()), _weight_tex(w.detach().numpy())
+    scale, rows = 4.0, c["kh"] * c["icg"]
+    u = {"u_batch": BATCH, "u_loss_scale": scale}
+    runs = [({"X": xs, "W": ws, "B": _bias_tex(b.numpy())}, c["ow"] * c["oc4"], BATCH * c["oh"],
+             conv_vec.forward_vec_kl(c, "tanh", {}, block), forward_kl(c, "tanh", {}), block),
+            ({"DZ": _act_tex(dz.numpy()), "W": ws}, c["iw"] * c["ic4"], BATCH * c["ih"],
+             conv_vec.grad_input_vec_kl(c, block), grad_input_kl(c), block),
+            ({"DZ": _act_tex(dz.numpy() * scale), "XT": _samples_last(x.detach().numpy(), c["nb4"])},
+             c["kw"] * c["oc4"], rows + 4, conv_vec.grad_weight_vec_kl(c, split, chans), grad_weight_kl(c), chans)]
+    got = [(_run(vec, ins, width, n, u, blocks), _run(generic, ins, width, n, u)) for ins, width, n, vec, generic, blocks
+           in runs[:2]]
+    ins, width, n, vec, generic, _ = runs[2]
+    if split == 1:
+        got.append((_run(vec, ins, width, n, u, chans), _run(generic, ins, width, n, u)))
+    else:  # (row p*rows + r holds part p of row r's sum; split_sum_kl adds them, zero past the weight's rows)
+        parts = _run(vec, ins, width, split * rows, u, chans)
+        summed = _run(conv_vec.split_sum_kl(split, rows), {"P": parts.astype(np.float32)}, width, n, {})
+        np.testing.assert_allclose(summed[:rows], parts.reshape(split, rows, width, 4).sum(0), rtol=1e-6, atol=1e-6)
+        got.append((summed, _run(generic, ins, width, n, u)))
+        # (and unsplit, `chans` rows an invocation: a weight of many texels)
+        got.append((_run(conv_vec.grad_weight_vec_kl(c, 1, chans), ins, width, n, u, chans), got[-1][1]))
+    for vec, generic in got:
+        np.testing.assert_allclose(vec, generic, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_from_tex(got[0][0], BATCH, c["oc"], c["oh"], c["ow"]), torch.tanh(y).detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_from_tex(got[1][0], BATCH, c["ic"], c["ih"], c["iw"]), dx.numpy(), rtol=1e-5,
+                               atol=1e-5)
+    assert not got[2][0][rows:].any(), "rows past the weight's are zero"
+    np.testing.assert_allclose(got[2][0][:rows], _weight_tex(dw.numpy()), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("c4,ow", [(9, 23), (5, 4), (1, 7)])

@@ -339,18 +339,26 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
                 data[i][:, :, 0] = rng.integers(0, k.kl.symbols["classes"], data[i].shape[:2])
             if t == "ce_stats":
                 data[i][:, :, 1] = np.abs(data[i][:, :, 1]) + 0.5
-        fields = struct_fields(k.kl, list(names))
         values = {"rows": rows, "width": width, **{f"w_{n}": s.width for n, s in zip(names, specs)},
                   **UNIFORMS, **p.values}
-        code = wgsl(k.kl, list(names), outputs)
-        got = gpu_page.evaluate(RUN, {"code": code, "inputs": [d.reshape(-1).tolist() for d in data],
-                                      "outputs": outputs, "rows": rows, "width": width,
-                                      "fields": [[t, values[n]] for n, t in fields], "grid": list(dispatch(rows, width))})
-        assert "error" not in got, f"{k.name}: {got.get('error')}\n{code}"
         ref = _run_js(js(k.kl, list(names), outputs), k.kl.symbols, data, [s.width for s in specs], outputs,
                       rows, width, p.values)
-        for i, (g, r) in enumerate(zip(got["result"], ref)):
-            np.testing.assert_allclose(np.asarray(g), r, rtol=2e-5, atol=2e-6, err_msg=f"{k.name} out{i}")
+        # the generic kernel, and the kernel WebGPU runs in its place (Kernel.wgsl_kl: a conv's vectorised one, ops/
+        # conv_vec.py, several rows an invocation written in place, the dispatch over the blocks of rows)
+        for kdef, scatter in [(k.kl, 0)] + ([(k.wgsl_kl, k.scatter)] if k.wgsl_kl is not None else []):
+            fields = struct_fields(kdef, list(names))
+            code = wgsl(kdef, list(names), outputs, scatter)
+            parts = k.split[0] if k.split and kdef is k.wgsl_kl else 1  # (its output: `parts` blocks of the rows)
+            drawn = -(-rows * parts // (scatter or 1))
+            got = gpu_page.evaluate(RUN, {"code": code, "inputs": [d.reshape(-1).tolist() for d in data],
+                                          "outputs": outputs, "rows": rows * parts, "width": width,
+                                          "fields": [[t, dict(values, rows=drawn)[n]] for n, t in fields],
+                                          "grid": list(dispatch(drawn, width))})
+            assert "error" not in got, f"{k.name}: {got.get('error')}\n{code}"
+            if parts > 1:  # (partial sums, row p*rows + r part p of row r's: their sum)
+                got["result"] = [np.asarray(g).reshape(parts, rows, -1).sum(0).reshape(-1) for g in got["result"]]
+            for i, (g, r) in enumerate(zip(got["result"], ref)):
+                np.testing.assert_allclose(np.asarray(g), r, rtol=2e-5, atol=2e-6, err_msg=f"{k.name} out{i}")
     print(model, sorted(kinds))
 
 

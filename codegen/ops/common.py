@@ -43,7 +43,7 @@ def grad_target(plan, layer, slot: int):
 
 
 def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic: tuple[str, ...] = (),
-                    generic_kl=None):
+                    generic_kl=None, vec_kl=None):
     """Forward and backward passes of a layer with a weight, a bias and a fused activation
     (dense and conv): {family}_forward, {family}_grad_weight, _grad_bias and _grad_input, with
     the kernel constants `c` and `title(c, what)` naming each kernel. The kernels in `generic`
@@ -53,7 +53,8 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
     blocked twin for larger batches (blockable below). `grad_bias(c)`: the family's bias gradient kernel (written in
     the kernel language). `generic_kl(what, consts)`: the generic kernel (a kl.KernelDef, or None) of the kernel
     `what` with the constants `consts`, which the hand template stands beside as its WebGL2 routine
-    (Kernel.routine): the CPU backend and WGSL print it."""
+    (Kernel.routine): the CPU backend and WGSL print it. `vec_kl(what, consts)`: the kernel WebGPU runs in its place,
+    as the Kernel's fields (wgsl_kl, and scatter or split: ops/conv_vec.py), or {}."""
     x, y = layer.inputs[0], layer.outputs[0]
     w = "param:" + layer.params["weight"]
     b = "param:" + layer.params["bias"] if c["has_bias"] else None
@@ -64,7 +65,7 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
         consts = more if what in generic else dict(c, **more)
         name = f"{family}_{what}{blocked}" if what in generic else title(c, f"{family}_{what}") + blocked
         return Kernel(name, f"{family}_{what}.glsl.j2", inputs, outputs, uniforms, consts=consts,
-                      kl=generic_kl(what, consts) if generic_kl else None)
+                      kl=generic_kl(what, consts) if generic_kl else None, **(vec_kl(what, consts) if vec_kl else {}))
 
     def blockable(what, names, uniforms, inputs, output, rows, blocked_reads=None):
         """The pass writing `output` (its batch rows, or all of a weight gradient). With blk0..7:output
@@ -113,7 +114,7 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
                        halves=halves)
             if len(halves) < COLUMN_HALVES:
                 k = Kernel(f"{k.name} half {halves[0]}", k.template, k.inputs, k.outputs, k.uniforms, k.consts,
-                           kl=k.kl)
+                           kl=k.kl, wgsl_kl=k.wgsl_kl, scatter=k.scatter, split=k.split)
             return Pass(k, inputs, outputs, "batch", layer.name, blocked=one.blocked, wide=wide)
         forward[:1] = [columns(list(range(COLUMN_HALVES)), parts, True)] + \
             [columns([g], parts[COLUMN_BLOCK * g:COLUMN_BLOCK * (g + 1)], False) for g in range(COLUMN_HALVES)]

@@ -28,6 +28,7 @@ from __future__ import annotations
 from texelfit.prep.packing import ceil_div
 
 from .. import kl
+from . import conv_vec
 from ..kernels import Kernel
 from ..kl import COL, load, splat, uniform
 from .common import activation, lanes, weighted_passes
@@ -86,8 +87,28 @@ def _generic(layer):
     return of
 
 
+def _vectorised(layer):
+    """WebGPU's kernel in place of each generic one, as Kernel fields (ops/conv_vec.py), for a conv of groups 1 or a
+    depthwise one: the forward and the input gradient conv_vec.ROWS rows an invocation, written in place
+    (Kernel.scatter); the weight gradient split into partial sums where it has few texels (Kernel.split). None for
+    a WebGL2 blocked twin's (WebGPU runs the one-sample pass)."""
+    def of(what: str, c: dict) -> dict:
+        if not conv_vec.applies(c) or c.get("blocked"):
+            return {}
+        if what == "forward":
+            act = layer.attrs.get("act_attrs", {})
+            return {"wgsl_kl": conv_vec.forward_vec_kl(c, c["act"], act, conv_vec.ROWS), "scatter": conv_vec.ROWS}
+        if what == "grad_input":
+            return {"wgsl_kl": conv_vec.grad_input_vec_kl(c, conv_vec.ROWS), "scatter": conv_vec.ROWS}
+        split, chans = conv_vec.split_of(c), conv_vec.chans_of(c)
+        return {"wgsl_kl": conv_vec.grad_weight_vec_kl(c, split, chans), "scatter": chans if chans > 1 else 0,
+                "split": (split, conv_vec.split_sum_kl(split, c["kh"] * c["icg"])) if split > 1 else ()}
+    return of
+
+
 def _passes(layer, graph, plan):
-    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title, _grad_bias, generic_kl=_generic(layer))
+    return weighted_passes(layer, plan, "conv", _consts(layer, graph), _title, _grad_bias, generic_kl=_generic(layer),
+                           vec_kl=_vectorised(layer))
 
 
 def forward(layer, graph, plan):

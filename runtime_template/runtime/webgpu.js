@@ -7,7 +7,8 @@
 //   * a pass dispatches its kernel's generic form printed as WGSL (WGSL[kernel.wgsl[0]], codegen/kl_wgsl.py), one
 //     invocation a texel of the rows it draws, as the CPU backend calls the same kernel's function: the one-sample
 //     twin of a sample-blocked pass (webgpuRuns), a row-blocked token matmul's one-row pass printed from its twin (8
-//     rows an invocation written in place: kernel.scatter; no parts, no interleave), an optimizer's gradient into a
+//     rows an invocation written in place: kernel.scatter; no parts, no interleave; a conv's vectorised kernels
+//     too, and its weight gradient as partial sums and their sum: kernel.split), an optimizer's gradient into a
 //     scratch buffer of its parameter's size first and then its update (cpu.js: cpuOptimizer), a column-blocked conv
 //     forward's draw into all its parts as whole rows into a scratch buffer, dealt out into the parts a dispatch
 //     each (cpu_columns.js: cpuColumns);
@@ -33,13 +34,16 @@ function webgpuPasses() {
 }
 
 // The bytes of the scratch buffers, one of each kind that every pass shares (they run one after another): g an
-// optimizer's gradient (the largest parameter's), y a column-blocked conv's whole rows, x its input's interleaved.
+// optimizer's gradient (the largest parameter's), y a column-blocked conv's whole rows, x its input's interleaved,
+// p a split weight gradient's partial sums.
 function webgpuScratchBytes() {
-  const bytes = { g: 16, x: 16, y: 16 }, grow = (kind, b) => { bytes[kind] = Math.max(bytes[kind], b); };
+  const bytes = { g: 16, x: 16, y: 16, p: 16 }, grow = (kind, b) => { bytes[kind] = Math.max(bytes[kind], b); };
   for (const p of webgpuPasses()) {
     const k = KERNELS[p.kernel], c = k.consts, out = TEXTURES[p.outputs[0]];
     const P = k.gradient && TEXTURES[p.inputs[k.gradient.inputs + 1]]; // (an optimizer's parameter)
     if (P) grow('g', P.width * P.height * 16);
+    const split = (k.gradient ?? k).split, T = P ?? out;
+    if (split) grow('p', T.width * T.height * split[0] * 16);
     if (c.colblock) grow('y', c.ow * c.oc4 * out.height * 16);
     if (c.colin) grow('x', c.iw * c.ic4 * (out.height / c.oh) * c.ih * 16);
   }
@@ -95,11 +99,20 @@ class WebGpuRunner {
       throw new TexelfitError('webgpu-kernel', `kernel "${k.name}" (${r.label}) has no WGSL here: a WebGL2 routine's layout`);
     }
     if (k.consts.colblock) return this.#columnStages(r);
-    // (a row-blocked matmul's kernel, or gradient, computes `scatter` rows an invocation: its dispatch covers 1 / scatter)
-    if (!g) return [this.#stage(k.wgsl, r.inputs, r.outputs, null, 1 / (k.scatter ?? 1))];
+    if (!g) return this.#compute(k, r.inputs, r.outputs[0], r.outputs);
     const P = r.inputs[g.inputs + 1], G = this.#scratch('g', P.spec.width, P.spec.height);
-    return [this.#stage(g.wgsl, r.inputs.slice(0, g.inputs), [G], null, 1 / (g.scatter ?? 1)),
+    return [...this.#compute(g, r.inputs.slice(0, g.inputs), P, [G]),
       this.#stage(k.wgsl, [G, ...r.inputs.slice(g.inputs)], r.outputs)];
+  }
+
+  // The dispatches of kernel (or gradient) k reading `inputs` into `outputs`, the first of the shape of texture T: one;
+  // where k computes `scatter` rows an invocation (a row-blocked matmul's, a conv's), over 1 / scatter of the rows,
+  // rounded up; where it computes `split` partial sums (a conv's weight gradient), into scratch p (T's rows a part),
+  // then their sum.
+  #compute(k, inputs, T, outputs) {
+    if (!k.split) return [this.#stage(k.wgsl, inputs, outputs, null, 1 / (k.scatter ?? 1))];
+    const [parts, sum] = k.split, S = this.#scratch('p', T.spec.width, T.spec.height * parts);
+    return [this.#stage(k.wgsl, inputs, [S], null, parts / (k.scatter ?? 1)), this.#stage(sum, [S], outputs)];
   }
 
   // A column-blocked conv forward, as cpuColumns computes it: an input of column parts (c.colin) interleaved into
@@ -114,7 +127,7 @@ class WebGpuRunner {
       inputs = [X, ...inputs.slice(n)];
     }
     const Y = this.#scratch('y', c.ow * c.oc4, r.height);
-    stages.push(this.#stage(k.wgsl, inputs, [Y]));
+    stages.push(this.#stage(k.wgsl, inputs, [Y], null, 1 / (k.scatter ?? 1)));
     for (let part = 0; part < n; part++) {
       stages.push(this.#stage(k.deal, [Y], [r.outputs[part]], { u_c4: c.oc4, u_qb: Math.ceil(c.ow / b), u_part: part, u_ow: c.ow }));
     }
@@ -182,7 +195,7 @@ class WebGpuRunner {
       const rows = p.rows === 'full' ? p.height : p.rows === 'ring' ? 1 : sampleRowsDrawn(p.rows, u.u_batch) * p.sampleRows;
       for (const st of p.stages) {
         let changed = !st.written;
-        const stRows = rows * st.scale;
+        const stRows = Math.ceil(rows * st.scale); // (a kernel of `scatter` rows an invocation guards the last block's)
         for (let f = 0; f < st.fields.length; f++) {
           const [isInt, name, width] = st.fields[f];
           const v = f === 0 ? stRows : f === 1 ? st.width : name === null ? width
