@@ -58,12 +58,34 @@ def exported_as_a_file(module, input_shape, input_dtype="float32"):
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_cli(*args, cwd=None):
-    """The console script's entry point in a fresh interpreter, as a user runs it (tests/ importable,
-    for package.module:Attr sources such as models:mlp_45_31_7)."""
-    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "texelfit.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+def run_cli(*args, cwd=None, fresh=False):
+    """The console script's entry point (texelfit.cli.main) with `args`, its exit status, stdout and stderr as a
+    CompletedProcess: in this interpreter, its output captured (tests/ importable, for package.module:Attr sources
+    such as models:mlp_45_31_7), which saves each call the seconds a fresh interpreter takes to import torch, ONNX and
+    scikit-learn; or, `fresh`, in a new interpreter as a user runs it (what differs between processes: str hashes,
+    the order of sets of str, are salted per process)."""
+    args = [str(a) for a in args]
+    if fresh:
+        env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        return subprocess.run([sys.executable, "-m", "texelfit.cli", *args], capture_output=True, text=True,
+                              cwd=cwd, env=env, timeout=300)
+    import contextlib
+    import io
+
+    from texelfit.cli import main
+    out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(args)
+            except SystemExit as e:  # (argparse's usage errors)
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess([sys.executable, "-m", "texelfit.cli", *args], code, out.getvalue(),
+                                       err.getvalue())
 
 
 def assert_close(what: str, got, ref, *, atol: float, rtol: float, norm: float | None = None):
