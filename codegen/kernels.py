@@ -104,6 +104,11 @@ class Pass:
     # one into all blocking.COLUMN_PARTS parts, runs on a device drawing that many targets at once; False,
     # a draw of a half, runs otherwise; None: the pass always runs
     wide: bool | None = None
+    # a pass of one backend's: True, it runs on WebGPU only (the one-pass forward of a split-K dense layer, whose
+    # vectorised kernel computes several samples an invocation: ops/common.py), and a bundle built without WGSL
+    # leaves it out (schedule.py: serialize); False, it runs everywhere but WebGPU (that layer's split-K passes);
+    # None: everywhere
+    webgpu: bool | None = None
 
 
 @functools.lru_cache(maxsize=1)

@@ -202,22 +202,29 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
             kernels.append(record)
         return index[sid]
 
+    def kept(ps: list[Pass]) -> list[Pass]:
+        """The passes the bundle holds: without WGSL, none of WebGPU's alone (Pass.webgpu)."""
+        return [p for p in ps if webgpu is not None or p.webgpu is not True]
+
     def passes(ps: list[Pass]) -> list[dict]:
         return [{"kernel": kernel_ref(p.kernel), "inputs": [tex[n] for n in p.inputs],
                  "outputs": [tex[n] for n in p.outputs], "rows": p.rows,
                  "label": p.label, **({"values": p.values} if p.values else {}),
                  **({"blocked": p.blocked} if p.blocked is not None else {}),
                  **({"blockFrom": p.block_from} if p.block_from is not None else {}),
-                 **({"wide": p.wide} if p.wide is not None else {})} for p in ps]
+                 **({"wide": p.wide} if p.wide is not None else {}),
+                 **({"webgpu": p.webgpu} if p.webgpu is not None and webgpu is not None else {})} for p in kept(ps)]
 
+    at = {id(p): i for i, p in enumerate(kept(schedule.backward))}  # (a kept backward pass's index in the bundle's)
     data = {
         "forward": passes(schedule.forward),
         "backward": passes(schedule.backward),
         "loss": [{k: passes(v) for k, v in kinds.items()} for kinds in schedule.loss],
         "optimizer": {k: passes(v) for k, v in schedule.optimizer.items()},
         "swaps": {k: [tex[n] for n in v] for k, v in schedule.swaps.items()},
-        "trainBackward": schedule.train_backward,
-        "trunkPasses": schedule.trunk_passes,
+        "trainBackward": [at[id(schedule.backward[i])] for i in schedule.train_backward
+                          if id(schedule.backward[i]) in at],
+        "trunkPasses": len(kept(schedule.forward[:schedule.trunk_passes])),
     }
     return kernels, data, [{"id": i, "fn": f} for i, f in sorted(generated.items())]
 

@@ -1,6 +1,7 @@
 """Shared test helpers: build a bundle from a torch module, call it in the page, compare with PyTorch."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from texelfit.build import compile_onnx
+from texelfit.codegen.kl_print import js
 from texelfit.prep.load import export_simplified
+from texelfit.prep.packing import ceil_div
 
 
 def build_module(site, folder: str, module: torch.nn.Module, input_shape, *, max_batch=64, loss="cross_entropy",
@@ -362,3 +365,27 @@ PAUSED_AT_STEP_7 = """
         const loss = (await p).loss;
         states.push(m.state);
 """
+
+
+def run_kl_js(k, inputs: dict[str, np.ndarray], width: int, rows: int, u: dict, block: int = 1) -> np.ndarray:
+    """k printed as JavaScript and run over `rows` rows of `width` texels; a kernel computing `block` rows an
+    invocation (output t: row block*ROW + t) over the ceil(rows / block) blocks, its outputs interleaved back."""
+    fn = js(k, list(inputs), block)
+    tex = {n: {"width": a.shape[1], "data": [None if np.isnan(v) else float(v) for v in a.reshape(-1)]}
+           for n, a in inputs.items()}
+    blocks = ceil_div(rows, block)
+    script = f"""
+const fn = {fn};
+const t = {json.dumps(tex)};
+const ins = {json.dumps(list(inputs))}.map((n) => ({{ width: t[n].width,
+                                           data: Float32Array.from(t[n].data.map((v) => v ?? NaN)) }}));
+const outs = Array.from({{ length: {block} }}, () => ({{ width: {width},
+                                                        data: new Float32Array({blocks * width * 4}).fill(7) }}));
+fn({json.dumps(k.symbols)}, ins, outs, {json.dumps(u)}, {blocks});
+console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
+"""
+    got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
+    parts = np.array(json.loads(got), dtype=np.float64).reshape(block, blocks, width, 4)
+    out = parts.transpose(1, 0, 2, 3).reshape(blocks * block, width, 4)
+    assert (out[rows:] == 7).all(), "a block's rows past the batch's are not written (on WebGPU: past the buffer)"
+    return out[:rows]

@@ -9,48 +9,21 @@ hand-written WebGL2 routines (Kernel.routine):
 """
 from __future__ import annotations
 
-import json
-import subprocess
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from codegen.kl_print import glsl, js
+from codegen.kl_print import glsl
 from codegen.ops import conv_vec
 from codegen.ops.conv_kl import forward_kl, grad_input_kl, grad_weight_kl, interleave_cols_kl
-from helpers import FWD, GRAD, assert_close, build_module, run_model
+from helpers import FWD, GRAD, assert_close, build_module, run_kl_js, run_model
 from models import ColumnChain, TransposedConvs
 from texelfit.codegen.webgl2.blocking import BLOCK_MIN_BATCH, COLUMN_BLOCK, COLUMN_HALVES
 from texelfit.prep.packing import ceil_div
 
 BATCH, MAX_BATCH = 5, 8  # (the textures hold 8 samples: the kernels read the first u_batch)
-
-
-def _run(k, inputs: dict[str, np.ndarray], width: int, rows: int, u: dict, block: int = 1) -> np.ndarray:
-    """k printed as JavaScript and run over `rows` rows of `width` texels; a kernel computing `block` rows an
-    invocation (output t: row block*ROW + t) over the ceil(rows / block) blocks, its outputs interleaved back."""
-    fn = js(k, list(inputs), block)
-    tex = {n: {"width": a.shape[1], "data": [None if np.isnan(v) else float(v) for v in a.reshape(-1)]}
-           for n, a in inputs.items()}
-    blocks = ceil_div(rows, block)
-    script = f"""
-const fn = {fn};
-const t = {json.dumps(tex)};
-const ins = {json.dumps(list(inputs))}.map((n) => ({{ width: t[n].width,
-                                           data: Float32Array.from(t[n].data.map((v) => v ?? NaN)) }}));
-const outs = Array.from({{ length: {block} }}, () => ({{ width: {width},
-                                                        data: new Float32Array({blocks * width * 4}).fill(7) }}));
-fn({json.dumps(k.symbols)}, ins, outs, {json.dumps(u)}, {blocks});
-console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
-"""
-    got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
-    parts = np.array(json.loads(got), dtype=np.float64).reshape(block, blocks, width, 4)
-    out = parts.transpose(1, 0, 2, 3).reshape(blocks * block, width, 4)
-    assert (out[rows:] == 7).all(), "a block's rows past the batch's are not written (on WebGPU: past the buffer)"
-    return out[:rows]
 
 
 def _act_tex(a: np.ndarray, samples: int = MAX_BATCH) -> np.ndarray:
@@ -122,7 +95,7 @@ def test_conv_forward_printed_as_javascript(name):
     rng = np.random.default_rng(len(name))
     c, x, w, b, y = _case(name, rng)
     ins = {"X": _act_tex(x.detach().numpy()), "W": _weight_tex(w.detach().numpy()), "B": _bias_tex(b.numpy())}
-    got = _run(forward_kl(c, "tanh", {}), ins, c["ow"] * c["oc4"], BATCH * c["oh"], {})
+    got = run_kl_js(forward_kl(c, "tanh", {}), ins, c["ow"] * c["oc4"], BATCH * c["oh"], {})
     np.testing.assert_allclose(_from_tex(got, BATCH, c["oc"], c["oh"], c["ow"]), torch.tanh(y).detach().numpy(),
                                rtol=1e-5, atol=1e-5)
     glsl(forward_kl(c, "tanh", {}))  # (it prints)
@@ -134,13 +107,13 @@ def test_conv_grad_input_and_weight_printed_as_javascript(name):
     c, x, w, b, y = _case(name, rng)
     dz = torch.tensor(rng.standard_normal(y.shape), dtype=torch.float64)
     dx, dw = torch.autograd.grad(y, (x, w), dz)
-    got = _run(grad_input_kl(c), {"DZ": _act_tex(dz.numpy()), "W": _weight_tex(w.detach().numpy())},
+    got = run_kl_js(grad_input_kl(c), {"DZ": _act_tex(dz.numpy()), "W": _weight_tex(w.detach().numpy())},
                c["iw"] * c["ic4"], BATCH * c["ih"], {})
     np.testing.assert_allclose(_from_tex(got, BATCH, c["ic"], c["ih"], c["iw"]), dx.numpy(), rtol=1e-5, atol=1e-5)
     scale = 4.0  # the loss gradient comes scaled (u_loss_scale)
     ins = {"DZ": _act_tex(dz.numpy() * scale), "XT": _samples_last(x.detach().numpy(), c["nb4"])}
     rows = c["kh"] * c["icg"]
-    got = _run(grad_weight_kl(c), ins, c["kw"] * c["oc4"], rows + 3, {"u_batch": BATCH, "u_loss_scale": scale})
+    got = run_kl_js(grad_weight_kl(c), ins, c["kw"] * c["oc4"], rows + 3, {"u_batch": BATCH, "u_loss_scale": scale})
     assert not got[rows:].any(), "rows past the weight's (a blocked part's padding) are zero"
     want = _weight_tex(dw.numpy())
     np.testing.assert_allclose(got[:rows], want, rtol=1e-5, atol=1e-5)
@@ -156,7 +129,7 @@ def test_conv_transpose_forward_printed_as_javascript(name):
     bt = torch.tensor(rng.standard_normal(c["ic"]), dtype=torch.float64)
     want = torch.tanh(torch.autograd.grad(y, x, z)[0] + bt[None, :, None, None])
     ins = {"DZ": _act_tex(z.numpy()), "W": _weight_tex(w.detach().numpy()), "B": _bias_tex(bt.numpy())}
-    got = _run(grad_input_kl(c, True, "tanh", {}), ins, c["iw"] * c["ic4"], BATCH * c["ih"], {})
+    got = run_kl_js(grad_input_kl(c, True, "tanh", {}), ins, c["iw"] * c["ic4"], BATCH * c["ih"], {})
     np.testing.assert_allclose(_from_tex(got, BATCH, c["ic"], c["ih"], c["iw"]), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -185,18 +158,18 @@ def test_vectorised_kernels_compute_what_the_generic_ones_do(name, block):
              conv_vec.grad_input_vec_kl(c, block), grad_input_kl(c), block),
             ({"DZ": _act_tex(dz.numpy() * scale), "XT": _samples_last(x.detach().numpy(), c["nb4"])},
              c["kw"] * c["oc4"], rows + 4, conv_vec.grad_weight_vec_kl(c, split, chans), grad_weight_kl(c), chans)]
-    got = [(_run(vec, ins, width, n, u, blocks), _run(generic, ins, width, n, u)) for ins, width, n, vec, generic, blocks
+    got = [(run_kl_js(vec, ins, width, n, u, blocks), run_kl_js(generic, ins, width, n, u)) for ins, width, n, vec, generic, blocks
            in runs[:2]]
     ins, width, n, vec, generic, _ = runs[2]
     if split == 1:
-        got.append((_run(vec, ins, width, n, u, chans), _run(generic, ins, width, n, u)))
+        got.append((run_kl_js(vec, ins, width, n, u, chans), run_kl_js(generic, ins, width, n, u)))
     else:  # (row p*rows + r holds part p of row r's sum; split_sum_kl adds them, zero past the weight's rows)
-        parts = _run(vec, ins, width, split * rows, u, chans)
-        summed = _run(conv_vec.split_sum_kl(split, rows), {"P": parts.astype(np.float32)}, width, n, {})
+        parts = run_kl_js(vec, ins, width, split * rows, u, chans)
+        summed = run_kl_js(conv_vec.split_sum_kl(split, rows), {"P": parts.astype(np.float32)}, width, n, {})
         np.testing.assert_allclose(summed[:rows], parts.reshape(split, rows, width, 4).sum(0), rtol=1e-6, atol=1e-6)
-        got.append((summed, _run(generic, ins, width, n, u)))
+        got.append((summed, run_kl_js(generic, ins, width, n, u)))
         # (and unsplit, `chans` rows an invocation: a weight of many texels)
-        got.append((_run(conv_vec.grad_weight_vec_kl(c, 1, chans), ins, width, n, u, chans), got[-1][1]))
+        got.append((run_kl_js(conv_vec.grad_weight_vec_kl(c, 1, chans), ins, width, n, u, chans), got[-1][1]))
     for vec, generic in got:
         np.testing.assert_allclose(vec, generic, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(_from_tex(got[0][0], BATCH, c["oc"], c["oh"], c["ow"]), torch.tanh(y).detach().numpy(),
@@ -219,7 +192,7 @@ def test_interleave_cols_printed_as_javascript(c4, ow):
         for k in range(c4):
             g = k // c4h
             parts[b * g + p % b][:, (k - g * c4h) * qb + p // b] = y[:, p * c4 + k]
-    got = _run(interleave_cols_kl(b, nh), {f"T{t}": parts[t] for t in range(b * nh)}, ow * c4, rows,
+    got = run_kl_js(interleave_cols_kl(b, nh), {f"T{t}": parts[t] for t in range(b * nh)}, ow * c4, rows,
                {"u_c4": c4, "u_qb": qb})
     np.testing.assert_array_equal(got, y)
 

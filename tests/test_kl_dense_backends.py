@@ -5,7 +5,10 @@ backends, the outputs, every gradient and a training trajectory compared with ea
 The model (300 -> 64 tanh -> 256 relu -> 7): its first layer is split-K (75 input texels: 5 parts) and
 sample-blocked, the second sample-blocked with the first's tanh gradient fused into its grad_input (dact), the last
 split-K (4 parts). At a batch of 3 the one-sample and split passes run, at 10 the blocked ones (a block of 8 and 2
-more) and the optimizers read the blocked weight gradients through the interleave (ops/optim.py).
+more) and the optimizers read the blocked weight gradients through the interleave (ops/optim.py). On WebGPU (a bundle
+built with --webgpu) the same model runs the one-sample passes with the vectorised kernels (several samples, or rows
+of dW, an invocation) and the split-K layers' one-pass forward in place of their split passes (Pass.webgpu); those
+kernels also run printed as JavaScript against the generic ones on odd shapes.
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import FIT, FWD, GRAD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, run_model, torch_fit, torch_state
+from helpers import (FIT, FWD, GRAD, TRAJ_LOSS, TRAJ_W, assert_close, build_module, run_kl_js, run_model, torch_fit,
+                     torch_state)
+from texelfit.codegen.ops import dense
 from texelfit.codegen.schedule import build_schedule
 from texelfit.prep.fuse import fuse_activations
 from texelfit.prep.graph import to_ir
@@ -47,6 +52,55 @@ def test_the_model_schedules_the_routines():
     assert len(dact) == 3 and all(p.kernel.kl is not None for p in dact)  # (relu into the last, tanh both twins)
     assert any(n.startswith("adam interleave") for n in names) and any(n.startswith("adam dense_grad_weight")
                                                                            for n in names)
+    # WebGPU's passes: the split layers' one-pass forward (theirs alone), the split ones everyone else's
+    mine = [p.kernel.name for p in s.forward if p.webgpu]
+    assert mine == ["dense_forward 300->64 tanh", "dense_forward 256->7"], mine
+    assert sorted(p.kernel.name.split(" split")[0] for p in s.forward if p.webgpu is False) == \
+        ["dense_forward 256->7", "dense_forward 300->64 tanh", "dense_reduce 256->7", "dense_reduce 300->64 tanh"]
+
+
+def _tex(a: np.ndarray, rows: int, past: float = np.nan) -> np.ndarray:
+    """[n, f] -> the texture [rows, ceil(f/4), 4]: padding lanes zero, rows past n `past` (a batch's: NaN, never
+    read; a weight's padding rows: zero)."""
+    n, f = a.shape
+    t = np.full((rows, -(-f // 4) * 4), past)
+    t[:n] = 0.0
+    t[:n, :f] = a
+    return t.reshape(rows, -1, 4).astype(np.float32)
+
+
+def test_vectorised_kernels_compute_what_the_generic_ones_do():
+    """WebGPU's vectorised dense kernels (ops/dense.py: the forward and grad_input 8 samples an invocation, the
+    last block past the batch, grad_weight 4 rows of dW), printed as JavaScript, against the generic kernels on the
+    same inputs and against PyTorch: 9 inputs (a last texel of 1 lane), 6 outputs, 11 samples of a texture of 16
+    (rows past them NaN), a fused tanh and the gradient of the layer before's tanh (dact)."""
+    g = torch.Generator().manual_seed(3)
+    i, o, n, rows, scale = 9, 6, 11, 16, 4.0
+    c = dict(in_features=i, out_features=o, in4=3, out4=2, has_bias=True)
+    zp = torch.randn(n, i, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(o, i, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(o, generator=g, dtype=torch.float64)
+    x = torch.tanh(zp)
+    z = x @ w.T + b
+    y = torch.tanh(z)
+    dz = torch.randn(n, o, generator=g, dtype=torch.float64)
+    dzp, dw = torch.autograd.grad(z, (zp, w), dz)
+    xs, ws = _tex(x.detach().numpy(), rows), _tex(w.detach().numpy(), 8, 0.0)
+    u = {"u_batch": n, "u_loss_scale": scale}
+    fwd_in = {"X": xs, "W": ws, "B": _tex(b.numpy()[None], 1)}
+    gi_in = {"DZ": _tex(dz.numpy(), rows), "W": ws, "Y": xs}
+    gw_in = {"DZ": _tex(dz.numpy() * scale, rows), "X": xs}
+    runs = [(dense.forward_vec_kl(c, "tanh", {}), dense.forward_kl(c, "tanh", {}), fwd_in, 2, n, dense.ROWS, y),
+            (dense.grad_input_vec_kl(c, ("tanh", {})), dense.grad_input_kl(c, ("tanh", {})), gi_in, 3, n,
+             dense.ROWS, dzp),
+            (dense.grad_weight_vec_kl(), dense.grad_weight_kl(), gw_in, 3, 8, 4, dw)]
+    for vec, generic, ins, width, count, block, ref in runs:
+        got, want = run_kl_js(vec, ins, width, count, u, block), run_kl_js(generic, ins, width, count, u)
+        assert not np.isnan(got).any()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        flat = got.reshape(count, -1)
+        assert not flat[:, ref.shape[1]:].any() and not flat[ref.shape[0]:].any(), "padding lanes and rows are zero"
+        np.testing.assert_allclose(flat[:ref.shape[0], :ref.shape[1]], ref.detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
 OPS = """
@@ -112,3 +166,47 @@ def test_training_webgl2_vs_cpu(web, site, opt):
         for side, got in (("webgl2", gl), ("cpu", cpu)):
             assert_close(f"{side} {name} after the fit", np.asarray(got["weights"][name]).reshape(-1),
                          ref.reshape(-1), **TRAJ_W)
+
+
+@pytest.mark.parametrize("batch", [3, BLOCK_MIN_BATCH + 2])
+def test_forward_and_gradients_on_webgpu(webgpu_web, site, batch):
+    """The model on WebGPU: its one-sample passes' vectorised kernels and the split-K layers' one-pass forward, at a
+    batch within one block of 8 samples and past it, against PyTorch; and the same bundle on WebGL2 (which runs the
+    split passes, never WebGPU's one pass)."""
+    torch.manual_seed(batch)
+    module = routed_mlp().eval()
+    g = torch.Generator().manual_seed(batch)
+    x = torch.randn((batch,) + SHAPE, generator=g)
+    y = torch.randint(0, 7, (batch,), generator=g)
+    url = build_module(site, "kl_dense_webgpu", module, SHAPE, max_batch=64, webgpu=True)
+    args = {"x": x.reshape(-1).tolist(), "y": y.tolist(), "batch": batch}
+    got = {b: run_model(webgpu_web, url, OPS, args, {"backend": b}) for b in ("webgpu", "webgl2")}
+    assert [g["backend"] for g in got.values()] == ["webgpu", "webgl2"]
+    module.zero_grad()
+    out = module(x)
+    F.cross_entropy(out, y).backward()
+    for b, g in got.items():
+        assert_close(f"{b} forward", g["out"], out.detach().numpy(), **FWD)
+        for name, p in module.named_parameters():
+            assert_close(f"{b} d/d{name}", g["grads"][name], p.grad.numpy(), **GRAD)
+
+
+def test_training_on_webgpu(webgpu_web, site):
+    """From a fresh model, batches of 10 and a last one of 3 with Adam on WebGPU (the optimizers' gradients the
+    vectorised weight gradient): each step's loss and the weights at the end against PyTorch."""
+    torch.manual_seed(11)
+    module = routed_mlp()
+    url = build_module(site, "kl_dense_train_webgpu", module, SHAPE, max_batch=16, webgpu=True)
+    opt = {"type": "adam", "lr": 1e-2, "weightDecay": 1e-2}
+    samples, batch_size, epochs = 23, BLOCK_MIN_BATCH + 2, 2
+    x = torch.randn((samples,) + SHAPE)
+    y = torch.randint(0, 7, (samples,))
+    args = {"x": x.reshape(-1).tolist(), "y": y.tolist(), "loss": "cross_entropy", "optimizer": opt,
+            "batchSize": batch_size, "epochs": epochs, "shuffle": False, "ids": False, "mu": 0.0}
+    got = run_model(webgpu_web, url, FIT, args, {"backend": "webgpu"})
+    assert got["info"]["backend"] == "webgpu"
+    assert_close("webgpu losses", got["loss"], torch_fit(module, x, y, "cross_entropy", opt, batch_size, epochs),
+                 **TRAJ_LOSS)
+    for name, ref in torch_state(module).items():
+        assert_close(f"webgpu {name} after the fit", np.asarray(got["weights"][name]).reshape(-1), ref.reshape(-1),
+                     **TRAJ_W)

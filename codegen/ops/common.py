@@ -91,13 +91,16 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
                         plan.tensor(y), "batch")
     if "split:" + y in plan.textures:
         # split-K (blocking.split_k): the one-sample forward as partial sums over slices of the inputs
-        # (S rows a sample, into split:Y) and their sum, with the bias and activation (dense_reduce)
+        # (S rows a sample, into split:Y) and their sum, with the bias and activation (dense_reduce); WebGPU runs the
+        # one pass (its vectorised kernel computes several samples an invocation: Pass.webgpu)
         one, parts = forward[0], plan.textures["split:" + y].sample_rows
         split = kernel("forward", ("X", "W"), split=parts, chunk=ceil_div(c["in4"], parts), blocked=False)
+        one.webgpu = True
         forward[:1] = [
-            Pass(split, one.inputs[:2], ["split:" + y], "batch", layer.name, blocked=one.blocked),
+            one,
+            Pass(split, one.inputs[:2], ["split:" + y], "batch", layer.name, blocked=one.blocked, webgpu=False),
             Pass(kernel("reduce", ("P",) + (("B",) if b else ()), split=parts), ["split:" + y] + ([b] if b else []),
-                 one.outputs, "batch", layer.name, blocked=one.blocked)]
+                 one.outputs, "batch", layer.name, blocked=one.blocked, webgpu=False)]
     if "col0:" + plan.tensor(y) in plan.textures:
         # column-blocked (blocking.column_blocked): the forward, at every batch, computes 4 positions and 2 halves a
         # fragment into col0..7:Y (or, on a device drawing fewer than 8 targets, a half a draw: Pass.wide), and a

@@ -47,13 +47,14 @@ def _rows(k: kl.KernelDef, block: int, per_sample: kl.X) -> list[tuple[kl.X, kl.
     return out
 
 
-def _outs(k: kl.KernelDef, block: int, per_sample: kl.X, values: list[kl.X]) -> None:
-    """Output t of the invocation; `block` rows an invocation: only the rows of the batch's samples (the dispatch
-    covers ceil(rows / block) blocks: kl_wgsl.wgsl's `scatter`)."""
+def batch_outs(k: kl.KernelDef, block: int, per_sample, values: list[kl.X]) -> None:
+    """Output t of the invocation; `block` rows an invocation: only the rows of the batch's samples, `per_sample`
+    rows each (the dispatch covers ceil(rows / block) blocks: kl_wgsl.wgsl's `scatter`). Also ops/dense.py's."""
     if block == 1:
         k.out(values[0])
         return
-    rows = k.let("nrows", uniform("u_batch", "int") * per_sample)
+    batch = uniform("u_batch", "int")
+    rows = k.let("nrows", batch if isinstance(per_sample, int) and per_sample == 1 else batch * per_sample)
     for t, v in enumerate(values):
         with k.when(block * ROW + t < rows):
             k.out(v, t)
@@ -130,7 +131,7 @@ def forward_vec_kl(c: dict, act: str = "none", attrs: dict | None = None, block:
                         k.set(acc[t], acc[t] + load("X", xr[t], xc + q) * w * inside[t])
                 else:
                     _dense_taps(k, block, acc, xr, inside, xc, wc, k.let("wr", a * ic), full, rest)
-    _outs(k, block, oh, [_activate(v, act, attrs or {}) * valid(oc, q) for v in acc])
+    batch_outs(k, block, oh, [_activate(v, act, attrs or {}) * valid(oc, q) for v in acc])
     return k
 
 
@@ -168,7 +169,7 @@ def grad_input_vec_kl(c: dict, block: int = 1) -> kl.KernelDef:
                     else:
                         _dense_transposed_taps(k, block, acc, dr, hit, dc, b * oc4, k.let("wr", a * ic), chs,
                                                oc, c["oc"])
-    _outs(k, block, ih, [v * valid(ic, q) for v in acc])
+    batch_outs(k, block, ih, [v * valid(ic, q) for v in acc])
     return k
 
 

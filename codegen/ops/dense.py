@@ -23,6 +23,8 @@ as routines (Kernel.routine), and the CPU deals a blocked pass's generic result 
 """
 from __future__ import annotations
 
+import contextlib
+
 from texelfit.prep.packing import ceil_div
 
 from texelfit.prep.elementwise import derivatives_of, forward_of
@@ -30,8 +32,9 @@ from texelfit.prep.elementwise import derivatives_of, forward_of
 from .. import kl
 from ..expr import to_kl
 from ..kernels import Kernel
-from ..kl import COL, ROW, dot, lane, load, minimum, splat, uniform, valid
+from ..kl import COL, ROW, dot, lane, load, minimum, splat, uniform, valid, vec4_of
 from .common import activation, lanes, weighted_passes
+from .conv_vec import batch_outs
 
 
 def _consts(layer, graph):
@@ -145,6 +148,112 @@ def grad_weight_kl(transposed: bool = False) -> kl.KernelDef:
     return k
 
 
+# ---- WebGPU's vectorised kernels (Kernel.wgsl_kl), each computing what its generic kernel above computes
+# (tests/test_kl_dense_backends.py runs both, printed as JavaScript, on odd shapes): the generic ones fetch a texel of
+# W for every 4 multiply-adds; these fetch 4 texels of W once for ROWS samples (the forward and grad_input) or a
+# texel of dZ once for 4 rows of dW (grad_weight), as WebGL2's sample-blocked routines do.
+
+ROWS = 8  # the samples an invocation of WebGPU's forward and grad_input computes
+
+
+def _samples(k: kl.KernelDef, block: int) -> list[kl.X]:
+    """The sample each of the `block` outputs of an invocation is (block*ROW + t), clamped into the batch's (a block
+    past it reads the last sample; batch_outs writes none of its rows)."""
+    if block == 1:
+        return [ROW]
+    last = k.let("last", uniform("u_batch", "int") - 1)
+    return [k.let(f"n{t}", minimum(block * ROW + t, last)) for t in range(block)]
+
+
+def _loop(k: kl.KernelDef, block: int, name: str, stop, step) -> None:
+    """The loop `name` over [0, stop) of `step(i, live, suffix)` (suffix: of the names it lets), `live(t)` a block over the statements of output t: where
+    the invocation's `block` samples are all the batch's, every output's statements run; in the block past them (a
+    small batch's), those of its samples only (not `block` copies of the last), each behind a branch (which, in
+    every block, would cost SwiftShader's forward at batch 64 half again)."""
+    if block == 1:
+        with k.loop(name, stop) as i:
+            step(i, lambda t: contextlib.nullcontext(), "")
+        return
+    batch = uniform("u_batch", "int")
+    with k.when(block * ROW + block - 1 < batch):
+        with k.loop(name, stop) as i:
+            step(i, lambda t: contextlib.nullcontext(), "")
+    with k.when(block * ROW + block - 1 >= batch):
+        with k.loop(name + "b", stop) as i:
+            step(i, lambda t: k.when(block * ROW + t < batch) if t else contextlib.nullcontext(), "b")
+
+
+def forward_vec_kl(c: dict, act: str = "none", attrs: dict | None = None, block: int = ROWS) -> kl.KernelDef:
+    """forward_kl (not split), `block` samples an invocation (output t: sample block*ROW + t), each of the 4 texels
+    of W a step fetched serving all of them. Inputs X, W (, B)."""
+    k = kl.KernelDef()
+    ns = _samples(k, block)
+    acc = [k.let(f"acc{t}", load("B", 0, COL) if c["has_bias"] else splat(0.0)) for t in range(block)]
+    def step(i4, live, sfx):
+        w = [k.let(f"w{j}{sfx}", load("W", 4 * COL + j, i4)) for j in range(4)]  # outputs 4*COL + j, of texel i4
+        for t, n in enumerate(ns):
+            with live(t):
+                x = k.let(f"x{t}{sfx}", load("X", n, i4))
+                k.set(acc[t], acc[t] + vec4_of(*(dot(x, w[j]) for j in range(4))))
+    _loop(k, block, "i4", k.sym("in4", c["in4"]), step)
+    valid_out = valid(k.sym("out_features", c["out_features"]), COL)
+    batch_outs(k, block, 1, [_activate(a, act, attrs or {}) * valid_out for a in acc])
+    return k
+
+
+def grad_input_vec_kl(c: dict, dact: tuple[str, dict] | None = None, block: int = ROWS) -> kl.KernelDef:
+    """grad_input_kl, `block` samples an invocation (output t: sample block*ROW + t), each of the 4 texels of W a
+    step fetched serving all of them. Inputs DZ, W (, Y with `dact`)."""
+    k = kl.KernelDef()
+    ns = _samples(k, block)
+    acc = [k.let(f"acc{t}", splat(0.0)) for t in range(block)]
+    def step(o4, live, sfx):
+        w = [k.let(f"w{j}{sfx}", load("W", 4 * o4 + j, COL)) for j in range(4)]  # rows 4*o4 + j, of texel COL
+        for t, n in enumerate(ns):
+            with live(t):
+                d = k.let(f"d{t}{sfx}", load("DZ", n, o4))
+                k.set(acc[t], acc[t] + w[0] * lane(d, 0) + w[1] * lane(d, 1) + w[2] * lane(d, 2) + w[3] * lane(d, 3))
+    _loop(k, block, "o4", k.sym("out4", c["out4"]), step)
+    if dact:
+        acc = [a * _grad_of(k.let(f"y{t}", load("Y", n, COL)), *dact) for t, (a, n) in enumerate(zip(acc, ns))]
+    batch_outs(k, block, 1, acc)
+    return k
+
+
+def grad_weight_vec_kl() -> kl.KernelDef:
+    """grad_weight_kl (dZ as it is), 4 rows of dW an invocation (output t: row 4*ROW + t, of the output texel ROW of
+    dZ), each texel of dZ and of X fetched serving the 4: dW's rows are 4 * out4, so no invocation is past them."""
+    k = kl.KernelDef()
+    acc = [k.let(f"acc{t}", splat(0.0)) for t in range(4)]
+    with k.loop("n", uniform("u_batch", "int")) as n:
+        x, d = k.let("x", load("X", n, COL)), k.let("d", load("DZ", n, ROW))
+        for t in range(4):
+            k.set(acc[t], acc[t] + x * lane(d, t))
+    for t in range(4):
+        k.out(acc[t] / uniform("u_loss_scale", "float"), t)
+    return k
+
+
+def _vectorised(layer, plan):
+    """WebGPU's kernel in place of each generic one, as Kernel fields: the forward (not split: on WebGPU the
+    one-pass forward runs in place of split-K's, ops/common.py) and grad_input ROWS samples an invocation, the
+    weight gradient 4 rows; {} for a WebGL2 blocked twin's (WebGPU runs the one-sample pass) and the rest."""
+    act, attrs = layer.attrs.get("act", "none"), layer.attrs.get("act_attrs", {})
+
+    def of(what: str, c: dict) -> dict:
+        if c.get("blocked") or c.get("split"):
+            return {}
+        if what == "forward":
+            return {"wgsl_kl": forward_vec_kl(c, act, attrs), "scatter": ROWS}
+        if what == "grad_input":
+            dact = plan.act_grad_fused[layer.inputs[0]] if c.get("dact") else None
+            return {"wgsl_kl": grad_input_vec_kl(c, dact), "scatter": ROWS}
+        if what == "grad_weight":
+            return {"wgsl_kl": grad_weight_vec_kl(), "scatter": 4}
+        return {}
+    return of
+
+
 def _generic(layer, plan):
     """The generic kernel (the kernel language) of each dense kernel weighted_passes declares, by what it computes
     and its constants: the CPU backend's and WGSL's; WebGL2 runs the hand template beside it (Kernel.routine)."""
@@ -163,11 +272,14 @@ def _generic(layer, plan):
     return of
 
 
-def forward(layer, graph, plan):
+def _passes(layer, graph, plan):
     return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _grad_bias, _GENERIC,
-                           _generic(layer, plan))[0]
+                           _generic(layer, plan), _vectorised(layer, plan))
+
+
+def forward(layer, graph, plan):
+    return _passes(layer, graph, plan)[0]
 
 
 def backward(layer, graph, plan):
-    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _grad_bias, _GENERIC,
-                           _generic(layer, plan))[1]
+    return _passes(layer, graph, plan)[1]

@@ -80,6 +80,7 @@ class CpuRunner {
       blocked: p.blocked ?? null, // a twin of a sample-blocked pass (runner.js: runsAt)
       blockFrom: p.blockFrom,
       wide: p.wide ?? null, // a draw of a column-blocked forward (runner.js: runsAt)
+      webgpu: p.webgpu ?? null, // a pass of WebGPU's alone: not run here (runsAt)
     };
   }
 

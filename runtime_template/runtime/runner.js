@@ -34,10 +34,10 @@ function blockedAt(batch, drawBuffers, from = MODEL.blockMinBatch) {
 
 // Whether pass p (resolved: p.blocked true, false or null) runs at `batch`. And a column-blocked forward's draw
 // into all its parts (p.wide true) where the device draws into MODEL.columnParts targets at once, its draws of a
-// half (false) where not (Pass.wide in codegen/kernels.py).
+// half (false) where not (Pass.wide in codegen/kernels.py). Never a pass of WebGPU's alone (Pass.webgpu).
 function runsAt(p, batch, drawBuffers) {
   return (p.blocked === null || p.blocked === blockedAt(batch, drawBuffers, p.blockFrom)) &&
-    (p.wide === null || p.wide === drawBuffers >= MODEL.columnParts);
+    (p.wide === null || p.wide === drawBuffers >= MODEL.columnParts) && p.webgpu !== true;
 }
 
 // What a runner (Runner here, CpuRunner in cpu.js) holds for the static schedule: the per-step
@@ -94,6 +94,7 @@ class Runner {
       blocked: p.blocked ?? null, // a twin of a sample-blocked pass (runsAt)
       blockFrom: p.blockFrom, // (the batch it runs from, where not MODEL.blockMinBatch)
       wide: p.wide ?? null, // a draw of a column-blocked forward (runsAt)
+      webgpu: p.webgpu ?? null, // a pass of WebGPU's alone: not run here (runsAt)
       width: out.spec.width, height: out.spec.height, sampleRows: out.spec.sampleRows, out,
     };
   }

@@ -16,9 +16,10 @@
 //     uniforms), written when a value changed; one run() is one command buffer; reads copy into a mappable
 //     buffer kept for their slot, and mapAsync.
 
-// Whether pass p runs here: a sample-blocked pass's one-sample twin, a column-blocked forward's draw into all its parts.
+// Whether pass p runs here: a sample-blocked pass's one-sample twin, a column-blocked forward's draw into all its parts,
+// a split-K dense forward's one pass (p.webgpu true) in place of its split passes (false).
 function webgpuRuns(p) {
-  return p.blocked !== true && p.wide !== false;
+  return p.blocked !== true && p.wide !== false && p.webgpu !== false;
 }
 
 // Workgroups covering rows x width invocations: (x, y), at most 65,535 a side (kl_wgsl.py: dispatch).
@@ -83,6 +84,7 @@ class WebGpuRunner {
       kernel, inputs, outputs, rows: p.rows, label: p.label, values: p.values ?? null, stages: null,
       blocked: p.blocked ?? null, // a twin of a sample-blocked pass: the one-sample one runs here (webgpuRuns)
       wide: p.wide ?? null, // a draw of a column-blocked forward: the one into all its parts runs here
+      webgpu: p.webgpu ?? null, // a pass of WebGPU's alone (true) or of the others' (false)
       height: out.spec.height, sampleRows: out.spec.sampleRows, out,
     };
   }
