@@ -41,7 +41,7 @@ IMAGES = 32          # the features row and the head-training set
 BATCH = 8            # head training and fine-tune batch; the bundles' max_batch
 HEAD = "_fc.*"       # Lite0's classifier
 CHECK_REL_L2 = 1e-4  # the output check before timing (float32 everywhere; summation order differs)
-FRAMEWORKS = ["texelfit", "tfjs-webgl", "tfjs-wasm", "ort-wasm", "ort-webgpu"]
+FRAMEWORKS = ["texelfit", "texelfit-webgpu", "tfjs-webgl", "tfjs-webgpu", "tfjs-wasm", "ort-wasm", "ort-webgpu"]
 ROWS = ["predict_b1", "features_32", "head_step_b8", "finetune_step_b8"]
 ROW_LABELS = {"predict_b1": "`predict`, 1 image", "features_32": "`features`, 32 images",
               "head_step_b8": "head training on cached features, batch 8 (ms/step)",
@@ -160,11 +160,14 @@ def _ort_copy(model):
     return m.SerializeToString()
 
 
-def prepare(site, compile_onnx, export_simplified):
+def prepare(site, compile_onnx, export_simplified, webgpu=False):
+    """The bundles (with `webgpu`, built with --webgpu: texelfit-webgpu's page runs them on WebGPU, texelfit's on
+    WebGL2), the data and the references."""
     os.makedirs(os.path.join(site, "data"))
     os.symlink(common.PAGES, os.path.join(site, "pages"))
     os.symlink(common.TFJS_DIST, os.path.join(site, "tfjs"))
     os.symlink(common.TFJS_WASM_DIST, os.path.join(site, "tfjs-wasm"))
+    os.symlink(common.TFJS_WEBGPU_DIST, os.path.join(site, "tfjs-webgpu"))
     os.symlink(ORT_DIST, os.path.join(site, "ort"))
     net = lite0()
     shape = (3, 224, 224)
@@ -178,7 +181,8 @@ def prepare(site, compile_onnx, export_simplified):
     bundles = {}
     for key, trainable in (("head", HEAD), ("full", "*")):
         t0 = time.perf_counter()
-        r = compile_onnx(full_onnx, name="lite0", input_shape=shape, max_batch=BATCH, trainable=trainable)
+        r = compile_onnx(full_onnx, name="lite0", input_shape=shape, max_batch=BATCH, trainable=trainable,
+                         webgpu=webgpu)
         d = os.path.join(site, "bundles", key)
         os.makedirs(d)
         for name, text in r.files.items():
@@ -218,8 +222,9 @@ def prepare(site, compile_onnx, export_simplified):
 # One page per (framework, part): texelfit's head-trainable bundle does predict, features and head
 # training, its fully trainable bundle the fine-tune step; TF.js builds the network once a page and
 # does the inference rows, then the training rows; onnxruntime-web, the inference rows.
-PAGES = [("texelfit", "head"), ("texelfit", "full"), ("tfjs-webgl", "all"), ("tfjs-wasm", "all"),
-         ("ort-wasm", "infer"), ("ort-webgpu", "infer")]
+PAGES = [("texelfit", "head"), ("texelfit", "full"), ("texelfit-webgpu", "head"), ("texelfit-webgpu", "full"),
+         ("tfjs-webgl", "all"), ("tfjs-webgpu", "all"), ("tfjs-wasm", "all"), ("ort-wasm", "infer"),
+         ("ort-webgpu", "infer")]
 # the rows each part's page times (--rows leaves out the pages that time none of those asked for)
 PART_ROWS = {"head": ROWS[:3], "full": ROWS[3:], "all": ROWS, "infer": ROWS[:2]}
 
@@ -230,8 +235,9 @@ def page_args(fw, part, url, args):
              images=IMAGES, batch=BATCH, optimizer=ADAM, checkTol=CHECK_REL_L2,
              slow={"ms": args.slow_s * 1000, "repeats": args.slow_repeats}, refLogits=f"{d}/ref_logits1.bin",
              refFeatures=f"{d}/ref_features8.bin", y=f"{d}/y.bin")
-    if fw == "texelfit":
-        return dict(a, profileHead=args.profile_head, bundle=f"{url}/bundles/{part}/lite0.js", x=f"{d}/x_nchw.bin")
+    if fw.startswith("texelfit"):  # (texelfit-webgpu: the same bundle, built with --webgpu, on createModel's WebGPU)
+        return dict(a, profileHead=args.profile_head and fw == "texelfit", bundle=f"{url}/bundles/{part}/lite0.js",
+                    x=f"{d}/x_nchw.bin", backend="webgpu" if fw.endswith("webgpu") else "webgl2")
     if fw.startswith("tfjs"):
         return dict(a, backend=fw.split("-")[1], wasmPath=f"{url}/tfjs-wasm/", layers=f"{d}/tf_layers.json",
                     weights=f"{d}/tf_weights.bin", x=f"{d}/x_nhwc.bin")
@@ -420,7 +426,7 @@ def main(argv=None):
     _, compile_onnx, export_simplified = common.use_texelfit(None, None)
     with tempfile.TemporaryDirectory() as site:
         t0 = time.perf_counter()
-        info = prepare(site, compile_onnx, export_simplified)
+        info = prepare(site, compile_onnx, export_simplified, webgpu="texelfit-webgpu" in args.frameworks)
         print(f"prepared in {time.perf_counter() - t0:.0f} s: bundles "
               + ", ".join(f"{k} {v['build_s']:.0f} s" for k, v in info["bundles"].items()), flush=True)
         httpd, url = common.serve(site)

@@ -40,13 +40,13 @@ NAMES = ["input_ids", "attention_mask"]
 HEAD = "head.*"
 LAST = "encoder.bert.encoder.layer.5.*,head.*"
 CHECK_REL_L2 = 1e-4
-FRAMEWORKS = ["texelfit", "texelfit-webgpu", "tfjs-webgl", "tfjs-wasm", "ort-wasm", "ort-webgpu"]
+FRAMEWORKS = ["texelfit", "texelfit-webgpu", "tfjs-webgl", "tfjs-webgpu", "tfjs-wasm", "ort-wasm", "ort-webgpu"]
 ROWS = ["embed_1", "embed_16", "head_step", "finetune_step"]
 ROW_LABELS = {"embed_1": f"embedding, 1 sentence of {TOKENS} tokens", "embed_16": f"embeddings, {SENTENCES} sentences",
               "head_step": f"head training on cached embeddings, batch {BATCH} (ms/step)",
               "finetune_step": f"fine-tune step, last layer + head, batch {BATCH}"}
 PAGES = [("texelfit", "head"), ("texelfit", "last"), ("texelfit-webgpu", "head"), ("texelfit-webgpu", "last"),
-         ("tfjs-webgl", "all"), ("tfjs-wasm", "all"),
+         ("tfjs-webgl", "all"), ("tfjs-webgpu", "all"), ("tfjs-wasm", "all"),
          ("ort-wasm", "infer"), ("ort-webgpu", "infer")]
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Training happens in the browser, on the user's own GPU.",
          "Nothing leaves the device.", "WebGL2 renders into float textures; the kernels are fragment shaders.",
@@ -90,6 +90,7 @@ def prepare(site, compile_onnx, export_inputs, quantize, frameworks):
     os.symlink(common.PAGES, os.path.join(site, "pages"))
     os.symlink(common.TFJS_DIST, os.path.join(site, "tfjs"))
     os.symlink(common.TFJS_WASM_DIST, os.path.join(site, "tfjs-wasm"))
+    os.symlink(common.TFJS_WEBGPU_DIST, os.path.join(site, "tfjs-webgpu"))
     os.symlink(e.ORT_DIST, os.path.join(site, "ort"))
     torch.manual_seed(0)
     model = Classifier(minilm.minilm_l6(TOKENS)).eval()

@@ -4,6 +4,7 @@ dispatch submitted on its own and timed from one queue.onSubmittedWorkDone to th
 compute pass encoder: each dispatch its own command buffer), per kernel (named from the bundle's KERNELS).
 
     .venv/bin/python bench/webgpu_profile.py [--case B_cnn_b32_adam] [--steps 3]
+    .venv/bin/python bench/webgpu_profile.py --lite0 --steps 1      # EfficientNet-Lite0's fine-tune step
 
 Prints per kernel: dispatches a step, ms a step, and the sum beside a step's wall-clock (unprofiled). --webgl2: the
 same bundle on WebGL2, every draw synced (bench/pages/common.js: profileGl), for the side by side.
@@ -108,6 +109,9 @@ def main(argv=None):
     ap.add_argument("--case", default="B_cnn_b32_adam", choices=[c["id"] for c in run.CASES if c["optimizer"]])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--webgl2", action="store_true", help="the same bundle on WebGL2, every draw synced (profileGl)")
+    ap.add_argument("--lite0", action="store_true",
+                    help="in place of the case: EfficientNet-Lite0 (bench/efficientnet.py's, every weight trainable), "
+                         "Adam at batch 8 (use --steps 1: a step takes seconds)")
     args = ap.parse_args(argv)
     from playwright.sync_api import sync_playwright
     from texelfit.build import compile_onnx
@@ -115,6 +119,10 @@ def main(argv=None):
 
     case = next(c for c in run.CASES if c["id"] == args.case)
     spec = run.MODELS[case["model"]]
+    if args.lite0:
+        import efficientnet
+        case = {"id": "lite0_b8_adam", "model": "lite0", "batch": efficientnet.BATCH, "optimizer": efficientnet.ADAM}
+        spec = {"factory": efficientnet.lite0, "shape": (3, 224, 224)}
     tmp = tempfile.mkdtemp(prefix="texelfit-webgpu-profile-")
     site = os.path.join(tmp, "site")
     os.makedirs(os.path.join(site, "bundles", case["model"]))
@@ -124,10 +132,10 @@ def main(argv=None):
         import torch
         torch.manual_seed(run.SEED)
         result = compile_onnx(export_simplified(spec["factory"](), spec["shape"]), name=case["model"],
-                              input_shape=spec["shape"], max_batch=64, webgpu=True)
-        for fname, text in result.files.items():
-            with open(os.path.join(site, "bundles", case["model"], fname), "w", encoding="utf-8") as f:
-                f.write(text)
+                              input_shape=spec["shape"], max_batch=case["batch"] if args.lite0 else 64, webgpu=True)
+        for fname, data in result.files.items():  # (a weights file beside the bundle: bytes)
+            with open(os.path.join(site, "bundles", case["model"], fname), "wb") as f:
+                f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
         names = names_by_code(result.files[f"{case['model']}.js"])
         with open(os.path.join(site, "index.html"), "w") as f:
             f.write("<!doctype html><title>profile</title>")
@@ -154,7 +162,7 @@ def main(argv=None):
         e[0] += 1
         e[1] += ms
     total = sum(e[1] for e in per.values()) / args.steps
-    print(f"{args.case}: a step {got['wall']:.1f} ms unprofiled; the profiled dispatches sum to {total:.1f} ms a step")
+    print(f"{case['id']}: a step {got['wall']:.1f} ms unprofiled; the profiled dispatches sum to {total:.1f} ms a step")
     for name, (count, ms, groups) in sorted(per.items(), key=lambda kv: -kv[1][1]):
         print(f"{ms / args.steps:8.2f} ms {count / args.steps:5.1f}x {groups:6d} wg  {name}")
 

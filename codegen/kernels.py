@@ -105,9 +105,9 @@ class Pass:
     # a draw of a half, runs otherwise; None: the pass always runs
     wide: bool | None = None
     # a pass of one backend's: True, it runs on WebGPU only (the one-pass forward of a split-K dense layer, whose
-    # vectorised kernel computes several samples an invocation: ops/common.py), and a bundle built without WGSL
-    # leaves it out (schedule.py: serialize); False, it runs everywhere but WebGPU (that layer's split-K passes);
-    # None: everywhere
+    # vectorised kernel computes several samples an invocation, and of a column-blocked conv whose output is kept
+    # whole: ops/common.py), and a bundle built without WGSL leaves it out (schedule.py: serialize); False, it runs
+    # everywhere but WebGPU (those layers' split-K passes, their column parts' draws and interleave); None: everywhere
     webgpu: bool | None = None
 
 

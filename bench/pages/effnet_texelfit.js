@@ -8,7 +8,7 @@ async function run(a) {
   const [x, y] = [await loadF32(a.x), await loadI32(a.y)];
   const mod = await import(a.bundle);
   const t0 = performance.now();
-  const m = await mod.createModel();
+  const m = await mod.createModel(a.backend ? { backend: a.backend } : undefined);
   const env = { createMs: performance.now() - t0, backend: m.info.backend, precision: m.info.precision,
                 maxBatch: m.info.maxBatch, trainable: m.info.trainable.length, trunk: m.info.trunk };
   const one = x.subarray(0, PER_IMAGE);

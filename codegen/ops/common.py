@@ -126,6 +126,11 @@ def weighted_passes(layer, plan, family: str, c: dict, title, grad_bias, generic
                                 uniforms=("u_c4", "u_qb"), kl=interleave_cols_kl(COLUMN_BLOCK, COLUMN_HALVES))
             forward.insert(1 + COLUMN_HALVES, Pass(interleave, parts, one.outputs, "batch", layer.name,
                                 {"u_c4": c["oc4"], "u_qb": ceil_div(c["ow"], COLUMN_BLOCK)}, blocked=one.blocked))
+            if not colin:  # WebGPU computes Y whole in one pass (Pass.webgpu), not its parts dealt out and interleaved
+                for p in forward:
+                    p.webgpu = False
+                one.webgpu = True
+                forward.insert(0, one)
     backward = []
     if y not in plan.needs_grad:  # below the lowest trainable layer: the backward stops before this one
         return forward, backward
