@@ -166,10 +166,10 @@ def _samples(k: kl.KernelDef, block: int) -> list[kl.X]:
 
 
 def _loop(k: kl.KernelDef, block: int, name: str, stop, step) -> None:
-    """The loop `name` over [0, stop) of `step(i, live, suffix)` (suffix: of the names it lets), `live(t)` a block over the statements of output t: where
-    the invocation's `block` samples are all the batch's, every output's statements run; in the block past them (a
-    small batch's), those of its samples only (not `block` copies of the last), each behind a branch (which, in
-    every block, would cost SwiftShader's forward at batch 64 half again)."""
+    """The loop `name` over [0, stop) of `step(i, live, suffix)` (suffix: of the names it lets), `live(t)` a block
+    over the statements of output t: where the invocation's `block` samples are all the batch's, every output's
+    statements run; in the block past them (a small batch's), those of its samples only (not `block` copies of the
+    last), each behind a branch (which, in every block, would cost SwiftShader's forward at batch 64 half again)."""
     if block == 1:
         with k.loop(name, stop) as i:
             step(i, lambda t: contextlib.nullcontext(), "")
@@ -189,6 +189,7 @@ def forward_vec_kl(c: dict, act: str = "none", attrs: dict | None = None, block:
     k = kl.KernelDef()
     ns = _samples(k, block)
     acc = [k.let(f"acc{t}", load("B", 0, COL) if c["has_bias"] else splat(0.0)) for t in range(block)]
+
     def step(i4, live, sfx):
         w = [k.let(f"w{j}{sfx}", load("W", 4 * COL + j, i4)) for j in range(4)]  # outputs 4*COL + j, of texel i4
         for t, n in enumerate(ns):
@@ -207,6 +208,7 @@ def grad_input_vec_kl(c: dict, dact: tuple[str, dict] | None = None, block: int 
     k = kl.KernelDef()
     ns = _samples(k, block)
     acc = [k.let(f"acc{t}", splat(0.0)) for t in range(block)]
+
     def step(o4, live, sfx):
         w = [k.let(f"w{j}{sfx}", load("W", 4 * o4 + j, COL)) for j in range(4)]  # rows 4*o4 + j, of texel COL
         for t, n in enumerate(ns):
