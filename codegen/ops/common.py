@@ -261,3 +261,16 @@ def channel_lanes(k, c4, count):
         ch = k.let("ch", cc * 4 + j)
         with k.when(ch < count):
             yield x, ch, j, v
+
+
+def batch_outs(k: kl.KernelDef, block: int, per_sample, values: list[kl.X]) -> None:
+    """Output t of the invocation; `block` rows an invocation: only the rows of the batch's samples, `per_sample`
+    rows each (the dispatch covers ceil(rows / block) blocks: kl_wgsl.wgsl's `scatter`)."""
+    if block == 1:
+        k.out(values[0])
+        return
+    batch = kl.uniform("u_batch", "int")
+    rows = k.let("nrows", batch if isinstance(per_sample, int) and per_sample == 1 else batch * per_sample)
+    for t, v in enumerate(values):
+        with k.when(block * kl.ROW + t < rows):
+            k.out(v, t)

@@ -19,7 +19,8 @@ clamped to the last channel's, its lane then zeroed).
 from __future__ import annotations
 
 from .. import kl
-from ..kl import COL, ROW, dot, lane, load, minimum, splat, uniform, valid, vec4_of
+from ..kl import COL, ROW, lane, load, minimum, splat, uniform, valid, vec4_of
+from .common import batch_outs
 from .conv_kl import _activate, _inside, _syms
 
 
@@ -45,19 +46,6 @@ def _rows(k: kl.KernelDef, block: int, per_sample: kl.X) -> list[tuple[kl.X, kl.
         n = k.let(f"n{t}", r // per_sample)
         out.append((n, k.let(f"y{t}", r - n * per_sample)))
     return out
-
-
-def batch_outs(k: kl.KernelDef, block: int, per_sample, values: list[kl.X]) -> None:
-    """Output t of the invocation; `block` rows an invocation: only the rows of the batch's samples, `per_sample`
-    rows each (the dispatch covers ceil(rows / block) blocks: kl_wgsl.wgsl's `scatter`). Also ops/dense.py's."""
-    if block == 1:
-        k.out(values[0])
-        return
-    batch = uniform("u_batch", "int")
-    rows = k.let("nrows", batch if isinstance(per_sample, int) and per_sample == 1 else batch * per_sample)
-    for t, v in enumerate(values):
-        with k.when(block * ROW + t < rows):
-            k.out(v, t)
 
 
 def _dense_taps(k, block, acc, xr, inside, xc, wc, wr, full: int, rest: int) -> None:

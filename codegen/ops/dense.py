@@ -33,8 +33,7 @@ from .. import kl
 from ..expr import to_kl
 from ..kernels import Kernel
 from ..kl import COL, ROW, dot, lane, load, minimum, splat, uniform, valid, vec4_of
-from .common import activation, lanes, weighted_passes
-from .conv_vec import batch_outs
+from .common import activation, batch_outs, lanes, weighted_passes
 
 
 def _consts(layer, graph):
