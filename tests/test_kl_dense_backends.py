@@ -136,6 +136,20 @@ def test_forward_and_gradients_webgl2_vs_cpu(web, site, batch):
             assert_close(f"{side} d/d{name}", got["grads"][name], p.grad.numpy(), **GRAD)
 
 
+def _fit_case(site, folder: str, opt: dict, webgpu: bool = False):
+    """A fresh model (PyTorch's initialisation) served as a bundle, 23 samples, and FIT's arguments: 2 epochs of
+    batches of 10 and a last one of 3 with `opt`."""
+    torch.manual_seed(11)
+    module = routed_mlp()
+    url = build_module(site, folder, module, SHAPE, max_batch=16, webgpu=webgpu)
+    samples, batch_size, epochs = 23, BLOCK_MIN_BATCH + 2, 2
+    x = torch.randn((samples,) + SHAPE)
+    y = torch.randint(0, 7, (samples,))
+    args = {"x": x.reshape(-1).tolist(), "y": y.tolist(), "loss": "cross_entropy", "optimizer": opt,
+            "batchSize": batch_size, "epochs": epochs, "shuffle": False, "ids": False, "mu": 0.0}
+    return module, url, x, y, args
+
+
 @pytest.mark.parametrize("opt", [{"type": "adam", "lr": 1e-2, "weightDecay": 1e-2},
                                  {"type": "sgd", "lr": 0.05, "momentum": 0.9, "weightDecay": 1e-3},
                                  {"type": "sgd", "lr": 0.1}], ids=["adam", "sgd_momentum", "sgd"])
@@ -144,14 +158,8 @@ def test_training_webgl2_vs_cpu(web, site, opt):
     interleave of the blocked weight gradients) and a last one of 3 (the one-sample and split passes, the
     optimizers the plain weight gradient): each step's loss and the weights at the end, both backends against
     each other and against PyTorch."""
-    torch.manual_seed(11)
-    module = routed_mlp()
-    url = build_module(site, "kl_dense_train", module, SHAPE, max_batch=16)
-    samples, batch_size, epochs = 23, BLOCK_MIN_BATCH + 2, 2
-    x = torch.randn((samples,) + SHAPE)
-    y = torch.randint(0, 7, (samples,))
-    args = {"x": x.reshape(-1).tolist(), "y": y.tolist(), "loss": "cross_entropy", "optimizer": opt,
-            "batchSize": batch_size, "epochs": epochs, "shuffle": False, "ids": False, "mu": 0.0}
+    module, url, x, y, args = _fit_case(site, "kl_dense_train", opt)
+    batch_size, epochs = args["batchSize"], args["epochs"]
     gl = run_model(web, url, FIT, args, {"backend": "webgl2"})
     cpu = run_model(web, url, FIT, args, {"backend": "cpu"})
     assert (gl["info"]["backend"], cpu["info"]["backend"]) == ("webgl2", "cpu")
@@ -194,19 +202,12 @@ def test_forward_and_gradients_on_webgpu(webgpu_web, site, batch):
 def test_training_on_webgpu(webgpu_web, site):
     """From a fresh model, batches of 10 and a last one of 3 with Adam on WebGPU (the optimizers' gradients the
     vectorised weight gradient): each step's loss and the weights at the end against PyTorch."""
-    torch.manual_seed(11)
-    module = routed_mlp()
-    url = build_module(site, "kl_dense_train_webgpu", module, SHAPE, max_batch=16, webgpu=True)
     opt = {"type": "adam", "lr": 1e-2, "weightDecay": 1e-2}
-    samples, batch_size, epochs = 23, BLOCK_MIN_BATCH + 2, 2
-    x = torch.randn((samples,) + SHAPE)
-    y = torch.randint(0, 7, (samples,))
-    args = {"x": x.reshape(-1).tolist(), "y": y.tolist(), "loss": "cross_entropy", "optimizer": opt,
-            "batchSize": batch_size, "epochs": epochs, "shuffle": False, "ids": False, "mu": 0.0}
+    module, url, x, y, args = _fit_case(site, "kl_dense_train_webgpu", opt, webgpu=True)
     got = run_model(webgpu_web, url, FIT, args, {"backend": "webgpu"})
     assert got["info"]["backend"] == "webgpu"
-    assert_close("webgpu losses", got["loss"], torch_fit(module, x, y, "cross_entropy", opt, batch_size, epochs),
-                 **TRAJ_LOSS)
+    assert_close("webgpu losses", got["loss"],
+                 torch_fit(module, x, y, "cross_entropy", opt, args["batchSize"], args["epochs"]), **TRAJ_LOSS)
     for name, ref in torch_state(module).items():
         assert_close(f"webgpu {name} after the fit", np.asarray(got["weights"][name]).reshape(-1), ref.reshape(-1),
                      **TRAJ_W)
