@@ -98,6 +98,22 @@ def test_convs_reading_column_parts_match_pytorch(web, site, backend):
                    tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=12, options=options, max_batch=8, frozen=COLUMN_TRUNK)
 
 
+def test_convs_reading_column_parts_on_webgpu(webgpu_web, site):
+    """The same on WebGPU, which keeps a tensor held as column parts alone as whole rows instead (webgpu.js: #whole:
+    its producer writes them, its readers read them; no deal into parts, no interleave back)."""
+    torch.manual_seed(11)
+    m = ColumnChain().eval()
+    x = torch.randn(3, *CHAIN)
+    url = build_module(site, "column_chain_webgpu", m, CHAIN, max_batch=8, trainable="fc.*", webgpu=True)
+    backend, got = run_model(webgpu_web, url, "return [m.info.backend, Array.from(await m.predict(new Float32Array(args), 3))];",
+                             x.reshape(-1).tolist(), {"backend": "webgpu"})
+    assert backend == "webgpu"
+    assert_close("column chain forward (webgpu)", got, m(x).detach().numpy(), **FWD)
+    check_training(webgpu_web, site, ColumnChain, CHAIN, "adam", "cross_entropy", samples=6, batch_size=3, epochs=2,
+                   tol_w=TRAJ_W, tol_loss=TRAJ_LOSS, seed=12, options={"backend": "webgpu"}, max_batch=8,
+                   frozen=COLUMN_TRUNK)
+
+
 def test_batchnorm_is_folded_into_the_conv(web, site):
     torch.manual_seed(5)
     m = BatchNormNet()

@@ -1,20 +1,17 @@
 // ---- the WebGPU backend: the same textures, schedule and passes, as WGSL compute shaders ---------
-// createModel({ backend: 'webgpu' }) on a bundle built with --webgpu. Everything above the device interface
-// (gpu.js) is shared with WebGL2 and the CPU backend; below it:
-//   * a texture is a storage buffer of width x height vec4<f32> texels (array<vec4<f32>>) in the same
-//     channel-packed layout, row-major, never folded; a double-buffered one has two, read at `cur`, written at
-//     1 - cur; the textures of one storage (codegen/memory.py) are bindings of one buffer, the largest of them;
-//   * a pass dispatches its kernel's generic form printed as WGSL (WGSL[kernel.wgsl[0]], codegen/kl_wgsl.py), one
-//     invocation a texel of the rows it draws, as the CPU backend calls the same kernel's function: the one-sample
-//     twin of a sample-blocked pass (webgpuRuns), a row-blocked token matmul's one-row pass printed from its twin (8
-//     rows an invocation written in place: kernel.scatter; no parts, no interleave; a conv's vectorised kernels
-//     too, and its weight gradient as partial sums and their sum: kernel.split), an optimizer's gradient into a
-//     scratch buffer of its parameter's size first and then its update (cpu.js: cpuOptimizer), a column-blocked conv
-//     forward's draw into all its parts as whole rows into a scratch buffer, dealt out into the parts a dispatch
-//     each (cpu_columns.js: cpuColumns);
-//   * each dispatch has a uniform buffer of its own (the struct _d: rows, width, the inputs' widths, the kernel's
-//     uniforms), written when a value changed; one run() is one command buffer; reads copy into a mappable
-//     buffer kept for their slot, and mapAsync.
+// createModel({ backend: 'webgpu' }) on a bundle built with --webgpu; above the device interface (gpu.js) all is
+// shared with WebGL2 and the CPU backend. Here:
+//   * a texture is a storage buffer of width x height vec4<f32> texels in the same channel-packed layout, row-major,
+//     never folded (double-buffered: two, read at `cur`, written at 1 - cur; one storage of codegen/memory.py: one
+//     buffer, the largest of its textures);
+//   * a pass that runs here (webgpuRuns) dispatches its kernel's WGSL (WGSL[kernel.wgsl[0]], codegen/kl_wgsl.py) as
+//     the CPU backend calls its function: an invocation a texel, or `scatter` rows of it (a vectorised kernel,
+//     Kernel.wgsl_kl), partial sums then their sum (kernel.split), an optimizer's gradient into a scratch buffer
+//     then its update (cpu.js: cpuOptimizer), a column-blocked forward whole rows dealt out into its parts
+//     (cpu_columns.js) or, for a tensor kept as parts alone, kept whole (#whole);
+//   * a dispatch has a uniform buffer of its own (the struct _d: rows, width, the inputs' widths, the kernel's
+//     uniforms), written when a value changed; a run() is one command buffer; reads copy into a mappable buffer
+//     kept for their slot, and mapAsync.
 
 // Whether pass p runs here: a sample-blocked pass's one-sample twin, a column-blocked forward's draw into all its parts,
 // a split-K dense forward's one pass (p.webgpu true) in place of its split passes (false).
@@ -118,22 +115,30 @@ class WebGpuRunner {
   }
 
   // A column-blocked conv forward, as cpuColumns computes it: an input of column parts (c.colin) interleaved into
-  // whole rows first (interleave_cols), the generic kernel into whole rows, dealt out into the n parts (deal_cols).
+  // whole rows first (interleave_cols), the generic kernel into whole rows, dealt out into the n parts (deal_cols);
+  // neither for a tensor kept as parts alone, which WebGPU keeps whole instead (#whole).
   #columnStages(r) {
     const k = r.kernel, c = k.consts, b = c.colblock, n = b * c.halves.length;
-    let inputs = r.inputs;
-    const stages = [];
-    if (c.colin) {
-      const X = this.#scratch('x', c.iw * c.ic4, (r.height / c.oh) * c.ih);
-      stages.push(this.#stage(k.colin, inputs.slice(0, n), [X], { u_c4: c.ic4, u_qb: Math.ceil(c.iw / b) }, c.ih / c.oh));
-      inputs = [X, ...inputs.slice(n)];
-    }
-    const Y = this.#scratch('y', c.ow * c.oc4, r.height);
-    stages.push(this.#stage(k.wgsl, inputs, [Y], null, 1 / (k.scatter ?? 1)));
-    for (let part = 0; part < n; part++) {
+    const X = c.colin && (this.#whole(r.inputs[0], c.iw * c.ic4) ?? this.#scratch('x', c.iw * c.ic4, (r.height / c.oh) * c.ih));
+    const stages = X && X.spec.name === 'x' ?
+      [this.#stage(k.colin, r.inputs.slice(0, n), [X], { u_c4: c.ic4, u_qb: Math.ceil(c.iw / b) }, c.ih / c.oh)] : [];
+    const whole = this.#whole(r.outputs[0], c.ow * c.oc4), Y = whole ?? this.#scratch('y', c.ow * c.oc4, r.height);
+    stages.push(this.#stage(k.wgsl, X ? [X, ...r.inputs.slice(n)] : r.inputs, [Y], null, 1 / (k.scatter ?? 1)));
+    for (let part = 0; !whole && part < n; part++) {
       stages.push(this.#stage(k.deal, [Y], [r.outputs[part]], { u_c4: c.oc4, u_qb: Math.ceil(c.ow / b), u_part: part, u_ow: c.ow }));
     }
     return stages;
+  }
+
+  // A tensor kept as column parts alone (blocking.column_only: no texture of the usual layout), as whole rows of
+  // `width` texels: a record beside its part 0's (`part`), its buffer made with the first stage using it; else null.
+  #whole(part, width) {
+    const name = part.spec.name;
+    if (!name.startsWith('col0:') || this.textures.has(name.slice(5))) return null;
+    const height = part.spec.height;
+    part.whole ??= { spec: { name: name.slice(5), width, height }, cur: 0, double: false,
+      tex: [this.device.createBuffer({ size: width * height * 16, usage: GPUBufferUsage.STORAGE })] };
+    return part.whole;
   }
 
   // Width x height texels of the scratch buffer of `kind`, as a texture record.
