@@ -14,7 +14,7 @@
 //     kept for their slot, and mapAsync.
 
 // Whether pass p runs here: a sample-blocked pass's one-sample twin, a column-blocked forward's draw into all its parts,
-// a split-K dense forward's one pass (p.webgpu true) in place of its split passes (false).
+// a pass of WebGPU's alone (p.webgpu true: a split-K or column-blocked forward as one) not those it replaces (false).
 function webgpuRuns(p) {
   return p.blocked !== true && p.wide !== false && p.webgpu !== false;
 }
@@ -119,11 +119,14 @@ class WebGpuRunner {
   // neither for a tensor kept as parts alone, which WebGPU keeps whole instead (#whole).
   #columnStages(r) {
     const k = r.kernel, c = k.consts, b = c.colblock, n = b * c.halves.length;
-    const X = c.colin && (this.#whole(r.inputs[0], c.iw * c.ic4) ?? this.#scratch('x', c.iw * c.ic4, (r.height / c.oh) * c.ih));
-    const stages = X && X.spec.name === 'x' ?
-      [this.#stage(k.colin, r.inputs.slice(0, n), [X], { u_c4: c.ic4, u_qb: Math.ceil(c.iw / b) }, c.ih / c.oh)] : [];
+    let inputs = r.inputs, X = c.colin && this.#whole(inputs[0], c.iw * c.ic4), stages = [];
+    if (c.colin && !X) {
+      X = this.#scratch('x', c.iw * c.ic4, (r.height / c.oh) * c.ih);
+      stages.push(this.#stage(k.colin, inputs.slice(0, n), [X], { u_c4: c.ic4, u_qb: Math.ceil(c.iw / b) }, c.ih / c.oh));
+    }
+    if (c.colin) inputs = [X, ...inputs.slice(n)];
     const whole = this.#whole(r.outputs[0], c.ow * c.oc4), Y = whole ?? this.#scratch('y', c.ow * c.oc4, r.height);
-    stages.push(this.#stage(k.wgsl, X ? [X, ...r.inputs.slice(n)] : r.inputs, [Y], null, 1 / (k.scatter ?? 1)));
+    stages.push(this.#stage(k.wgsl, inputs, [Y], null, 1 / (k.scatter ?? 1)));
     for (let part = 0; !whole && part < n; part++) {
       stages.push(this.#stage(k.deal, [Y], [r.outputs[part]], { u_c4: c.oc4, u_qb: Math.ceil(c.ow / b), u_part: part, u_ow: c.ow }));
     }
