@@ -161,17 +161,68 @@ def dispatch(rows: int, width: int) -> tuple[int, int]:
     return -(-groups // y), y
 
 
-# Loops of at most this many passes, of constant bounds, are unrolled: a vec4's lane indexed by the loop variable
-# (acc[j] += ...) is then a constant index, which SwiftShader's compiler keeps in registers (measured: the MLP's
-# dense forward, 4 lanes a texel, ran several times slower as a loop).
+# A loop of at most UNROLL passes, of constant bounds, is unrolled where its variable indexes a vec4's lane (acc[j]
+# += ..., lane(v, j)): the index is then a constant, which SwiftShader's compiler keeps in registers (measured: the
+# MLP's dense forward, 4 lanes a texel, ran several times slower as a loop); any other such loop only where its
+# unrolled body stays within UNROLL_BUDGET statements. Unrolled inside each other (a conv's taps, times its channel
+# texels, times 8 rows an invocation), loops made a body SwiftShader ran 2-3x slower (bench of 2026-12-07 on 16
+# samples: a 3x3 conv's input gradient of 16 -> 16 channels 15.0 -> 6.2 ms, its forward 11.3 -> 4.3 ms; 3x3 convs
+# of 4 to 16 channels and 1x1 convs best between 150 and 350 statements, within noise of each other; a first
+# layer's forward, 1 input channel, 270 statements, 5.1 ms on 32 samples rolled at 200, 3.8 ms unrolled).
 UNROLL = 4
+UNROLL_BUDGET = 300
 
 
-def _unroll(start: X, stop: X):
-    a, b = _const(start), _const(stop)
-    if a is None or b is None or not 0 < b - a <= UNROLL:
+def _indexes_lane(i: str, body) -> bool:
+    """Whether loop variable `i` is (in) the index of a lane read or written in statements `body`."""
+    def uses(e) -> bool:
+        return isinstance(e, X) and ((e.op == "var" and e.value == i) or any(uses(x) for x in e.args))
+
+    def lanes(e) -> bool:
+        return isinstance(e, X) and ((e.op == "lane" and uses(e.args[1])) or any(lanes(x) for x in e.args))
+
+    for s in body:
+        if s[0] == "setlane" and uses(s[2]):
+            return True
+        if s[0] in ("for", "if", "variant"):
+            if any(lanes(x) for x in s[1:-1]) or _indexes_lane(i, s[-1]):
+                return True
+        elif any(lanes(x) for x in s[1:]):
+            return True
+    return False
+
+
+def _passes(s) -> int | None:
+    """The passes of loop statement `s` where it may be unrolled (constant bounds, at most UNROLL), else None."""
+    a, b = _const(s[2]), _const(s[3])
+    return b - a if a is not None and b is not None and 0 < b - a <= UNROLL else None
+
+
+def _unrolls(s) -> bool:
+    """Whether loop statement `s` is unrolled: a short loop whose variable indexes a lane, or whose unrolled body
+    stays within UNROLL_BUDGET statements."""
+    n = _passes(s)
+    return n is not None and (_indexes_lane(s[1], s[4]) or n * _size(s[4]) <= UNROLL_BUDGET)
+
+
+def _size(body) -> int:
+    """The statements `body` prints as, its loops unrolled where _unrolls says."""
+    out = 0
+    for s in body:
+        if s[0] == "for":
+            out += _passes(s) * _size(s[4]) if _unrolls(s) else 1 + _size(s[4])
+        elif s[0] in ("if", "variant"):
+            out += 1 + _size(s[-1])
+        else:
+            out += 1
+    return out
+
+
+def _unroll(i: str, start: X, stop: X, body):
+    if not _unrolls(("for", i, start, stop, body)):
         return None
-    return lambda i: [f"const {_name(i)}: i32 = {j};" for j in range(a, b)]
+    a = _const(start)
+    return lambda i: [f"const {_name(i)}: i32 = {j};" for j in range(a, _const(stop))]
 
 
 _LANE = ("fn _lane(v: vec4<f32>, i: i32) -> f32 { return select(select(select(v.w, v.z, i == 2), v.y, i == 1), v.x, "

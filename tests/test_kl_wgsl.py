@@ -175,18 +175,19 @@ class Dense(nn.Module):
 
 class Convs(nn.Module):
     """The conv family's generic kernels (ops/conv_kl.py): a grouped conv strided, dilated and padded unevenly, a
-    depthwise one, a transposed one with a fused activation. (Short sums: the float32 WGSL against float64 JavaScript.)"""
+    3x3 one of 8 channels, a transposed one with a fused activation. (Short sums: the float32 WGSL against float64 JavaScript.)"""
 
     def __init__(self):
         super().__init__()
         self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.wide = nn.Conv2d(8, 8, 3, padding=1)  # (its vectorised kernels' tap loop printed as a loop in WGSL)
         self.grouped = nn.Conv2d(8, 6, 3, stride=2, dilation=2, padding=(2, 1), groups=2)
         self.dw = nn.Conv2d(6, 6, 3, padding=1, groups=6)
         self.up = nn.ConvTranspose2d(6, 5, 3, stride=2, padding=1, output_padding=1)
         self.head = nn.Linear(5, 4)
 
     def forward(self, x):  # (3, 7, 6)
-        y = self.dw(torch.tanh(self.grouped(torch.relu(self.stem(x)))))
+        y = self.dw(torch.tanh(self.grouped(torch.relu(self.wide(torch.relu(self.stem(x)))))))
         return self.head(torch.relu(self.up(y)).mean((2, 3)))
 
 
@@ -199,8 +200,9 @@ MODELS = {"pools": (Pools, (3, 11, 9), "float32"), "tokens": (Tokens, (5, 7), "f
 MAX_BATCH = {"dense": 16}  # (the textures' samples where not BATCH: a sample-blocked layer's from blocking.BLOCK_MIN_BATCH on)
 # the random textures' scale where not 2: the WGSL sums in float32, the JavaScript in float64, and a dense layer's
 # 300 products of values of that scale would sum to ~70, whose float32 rounding (~1e-5) is past the tolerance where
-# the sum nearly cancels; at 1/4, ~1, and its rounding ~1e-7 (merges: a dense layer of 210 inputs)
-SCALE = {"dense": 0.25, "merges": 0.25}
+# the sum nearly cancels; at 1/4, ~1, and its rounding ~1e-7 (merges: a dense layer of 210 inputs; convs: a 3x3
+# conv of 8 channels, 72 products a sum)
+SCALE = {"dense": 0.25, "merges": 0.25, "convs": 0.25}
 
 
 def kl_passes(name):
@@ -363,6 +365,23 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
                 np.testing.assert_allclose(np.asarray(g).reshape(rows, -1)[:n], r.reshape(rows, -1)[:n], rtol=2e-5,
                                            atol=2e-6, err_msg=f"{k.name} out{i}")
     print(model, sorted(kinds))
+
+
+def test_wgsl_unrolls_lane_loops_and_keeps_long_bodies_rolled():
+    """kl_wgsl.UNROLL_BUDGET: a short loop whose variable indexes a lane is unrolled however long its body; a 3x3
+    conv's taps around its 4 channel texels and 8 rows an invocation stay a loop (unrolled, SwiftShader ran them
+    2-3x slower), its innermost loop of 4 unrolled; a conv of 1 input channel, whose whole body is short,
+    unrolled."""
+    from texelfit.codegen.ops import conv_kl, conv_vec
+
+    def consts(ic, oc):
+        return dict(ih=13, iw=13, ic=ic, ic4=-(-ic // 4), oc=oc, oc4=-(-oc // 4), oh=11, ow=11, kh=3, kw=3, sh=1,
+                    sw=1, pt=0, pl=0, dh=1, dw=1, groups=1, depthwise=False, has_bias=False, icg=ic, ocg=oc)
+    wide = wgsl(conv_vec.forward_vec_kl(consts(16, 16), block=8), ["X", "W"], 1, scatter=8)
+    assert "for (var v_a: i32" in wide and "const v_k4: i32 = 3;" in wide
+    assert "for (" not in wgsl(conv_vec.forward_vec_kl(consts(1, 8), block=8), ["X", "W"], 1, scatter=8)
+    generic = wgsl(conv_kl.forward_kl(consts(16, 16)), ["X", "W"], 1)  # (its loop over a texel's 4 lanes)
+    assert "const v_j: i32 = 3;" in generic and "for (var v_j" not in generic
 
 
 def test_dispatch_covers_large_outputs():
