@@ -290,8 +290,10 @@ def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0) -> str:
                "  let _i = _d.u_ring;",
                "  let _row = 0;",
                "  let _col = _i;"] if k.ring else
-              [f"  let _i = i32(_g.x + _g.y * _n.x * {WORKGROUP}u);",
-               "  if (_i >= _d.rows * _d.width) { return; }",
-               "  let _row = _i / _d.width;",
-               "  let _col = _i % _d.width;"])]
+              # (the row and column by u32 division: SwiftShader's i32 division took half an elementwise kernel)
+              [f"  let _u = _g.x + _g.y * _n.x * {WORKGROUP}u;",
+               "  if (_u >= u32(_d.rows * _d.width)) { return; }",
+               "  let _i = i32(_u);",
+               "  let _row = i32(_u / u32(_d.width));",
+               "  let _col = i32(_u % u32(_d.width));"])]
     return "\n".join([*decl, *sorted(helpers.values()), *main, *lines, "}"]) + "\n"
