@@ -2,9 +2,10 @@
 user's own pictures in the browser.
 
 Built once for the session (the tier measured, the bundle, lite0.onnx) and served from 127.0.0.1 with the
-Content-Security-Policy that `texelfit demo` sends. One Chromium with the fake capture device
+Content-Security-Policy that `texelfit demo` sends, built with --webgpu. Chromium with the fake capture device
 (`--use-fake-device-for-media-stream --use-fake-ui-for-media-stream`: a synthetic moving picture, the
-permission granted) serves both flows:
+permission granted) serves both flows, the files flow without WebGPU (the page runs WebGL2 and its capability
+line says why not WebGPU), the webcam flow with it (`--enable-unsafe-webgpu`: the page runs WebGPU):
 
 * files: 3 classes (crops of scikit-learn's two sample photos, and generated pictures), 9 image files
   dropped on each (a DataTransfer of Files), kept across a reload (IndexedDB); trained (every third
@@ -55,11 +56,30 @@ def camera_browser(playwright):
     browser.close()
 
 
+@pytest.fixture(scope="module")
+def camera_webgpu_browser(playwright):
+    """The fake-camera browser with WebGPU (SwiftShader's adapter): the demo, built with --webgpu, runs there."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=CHROMIUM_ARGS + FAKE_CAMERA + ["--enable-unsafe-webgpu"])
+    yield browser
+    browser.close()
+
+
 @pytest.fixture
 def person(camera_browser, site):
-    """A fresh profile (empty IndexedDB) in the fake-camera browser; console errors and requests that
-    leave 127.0.0.1 fail the test."""
-    context = camera_browser.new_context(accept_downloads=True)
+    """A fresh profile (empty IndexedDB) in the fake-camera browser (no WebGPU: the demo falls back to WebGL2);
+    console errors and requests that leave 127.0.0.1 fail the test."""
+    yield from _person(camera_browser, site)
+
+
+@pytest.fixture
+def webgpu_person(camera_webgpu_browser, site):
+    """As `person`, in the fake-camera browser with WebGPU."""
+    yield from _person(camera_webgpu_browser, site)
+
+
+def _person(browser, site):
+    context = browser.new_context(accept_downloads=True)
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=site.url)
     page = context.new_page()
     errors, outside = [], []
@@ -232,8 +252,9 @@ def test_person_drops_photos_trains_and_takes_the_head_to_pytorch(person, photos
     url, summary = photos
     page = person
     open_page(page, url)
-    caps = page.inner_text("#caps")
-    assert "backend webgl2" in caps and "texture limit" in caps and "loaded in" in caps and "bundle" in caps, caps
+    caps = page.inner_text("#caps")  # (the bundle carries WGSL; this browser gives no WebGPU, so WebGL2 runs it)
+    assert "backend webgl2 (not webgpu: " in caps and "texture limit" in caps and "loaded in" in caps, caps
+    assert "bundle" in caps, caps
     names = list(pictures)
     make_classes(page, names)
     for i, name in enumerate(names):
@@ -297,10 +318,14 @@ def test_person_drops_photos_trains_and_takes_the_head_to_pytorch(person, photos
     assert_close("the browser-trained model in PyTorch", got["out"], ref, atol=0, rtol=0, norm=1e-4)
 
 
-def test_person_captures_from_the_webcam_trains_and_predicts_live(person, photos, pictures):
+def test_person_captures_from_the_webcam_trains_and_predicts_live_on_webgpu(webgpu_person, photos, pictures):
+    """The webcam flow where the browser gives WebGPU: the demo's createModel() chooses it (the files flow above
+    runs where it does not, on WebGL2)."""
     url, _ = photos
-    page = person
+    page = webgpu_person
     open_page(page, url)
+    caps = page.inner_text("#caps")
+    assert caps.startswith("backend webgpu, ") and "not webgpu" not in caps and "texture limit" not in caps, caps
     names = ["temple", "flower", "me"]
     make_classes(page, names)
     drop_files(page, card(0), pictures["temple"], "temple")

@@ -217,7 +217,7 @@ def build_photos_demo(out: str, *, progress: bool = True) -> dict:
               flush=True)
     result = compile_onnx(exported, name=NAME, input_shape=INPUT_SHAPE,
                           max_batch=MAX_BATCH, quantize=tier, trainable=TRAINABLE,
-                          input_normalize="imagenet", weights_file=True)
+                          input_normalize="imagenet", weights_file=True, webgpu=True)
     files = dict(result.files)
     bundle_bytes = len(files[NAME + ".js"].encode())
     weights_name = NAME + ".weights.bin"
