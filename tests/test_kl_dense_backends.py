@@ -69,14 +69,17 @@ def _tex(a: np.ndarray, rows: int, past: float = np.nan) -> np.ndarray:
     return t.reshape(rows, -1, 4).astype(np.float32)
 
 
-def test_vectorised_kernels_compute_what_the_generic_ones_do():
+@pytest.mark.parametrize("o", [6, 13])
+def test_vectorised_kernels_compute_what_the_generic_ones_do(o):
     """WebGPU's vectorised dense kernels (ops/dense.py: the forward and grad_input 8 samples an invocation, the
-    last block past the batch, grad_weight 4 rows of dW), printed as JavaScript, against the generic kernels on the
-    same inputs and against PyTorch: 9 inputs (a last texel of 1 lane), 6 outputs, 11 samples of a texture of 16
-    (rows past them NaN), a fused tanh and the gradient of the layer before's tanh (dact)."""
+    last block past the batch, grad_weight 4, 8 or 16 rows of dW: each its out4 allows), printed as JavaScript,
+    against the generic kernels on the same inputs and against PyTorch: 9 inputs (a last texel of 1 lane), 6 or 13
+    outputs, 11 samples of a texture of 16 (rows past them NaN), a fused tanh and the gradient of the layer before's
+    tanh (dact)."""
     g = torch.Generator().manual_seed(3)
-    i, o, n, rows, scale = 9, 6, 11, 16, 4.0
-    c = dict(in_features=i, out_features=o, in4=3, out4=2, has_bias=True)
+    i, n, rows, scale = 9, 11, 16, 4.0
+    out4 = -(-o // 4)
+    c = dict(in_features=i, out_features=o, in4=3, out4=out4, has_bias=True)
     zp = torch.randn(n, i, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(o, i, generator=g, dtype=torch.float64, requires_grad=True)
     b = torch.randn(o, generator=g, dtype=torch.float64)
@@ -85,15 +88,17 @@ def test_vectorised_kernels_compute_what_the_generic_ones_do():
     y = torch.tanh(z)
     dz = torch.randn(n, o, generator=g, dtype=torch.float64)
     dzp, dw = torch.autograd.grad(z, (zp, w), dz)
-    xs, ws = _tex(x.detach().numpy(), rows), _tex(w.detach().numpy(), 8, 0.0)
+    xs, ws = _tex(x.detach().numpy(), rows), _tex(w.detach().numpy(), 4 * out4, 0.0)
     u = {"u_batch": n, "u_loss_scale": scale}
     fwd_in = {"X": xs, "W": ws, "B": _tex(b.numpy()[None], 1)}
     gi_in = {"DZ": _tex(dz.numpy(), rows), "W": ws, "Y": xs}
     gw_in = {"DZ": _tex(dz.numpy() * scale, rows), "X": xs}
-    runs = [(dense.forward_vec_kl(c, "tanh", {}), dense.forward_kl(c, "tanh", {}), fwd_in, 2, n, dense.ROWS, y),
+    runs = [(dense.forward_vec_kl(c, "tanh", {}), dense.forward_kl(c, "tanh", {}), fwd_in, out4, n, dense.ROWS, y),
             (dense.grad_input_vec_kl(c, ("tanh", {})), dense.grad_input_kl(c, ("tanh", {})), gi_in, 3, n,
              dense.ROWS, dzp),
-            (dense.grad_weight_vec_kl(), dense.grad_weight_kl(), gw_in, 3, 8, 4, dw)]
+            *((dense.grad_weight_vec_kl(t), dense.grad_weight_kl(), gw_in, 3, 4 * out4, 4 * t, dw)
+              for t in (1, 2, 4) if out4 % t == 0)]
+    assert len(runs) == 2 + {6: 2, 13: 3}[o] and dense.grad_weight_texels(out4) == {6: 2, 13: 4}[o]
     for vec, generic, ins, width, count, block, ref in runs:
         got, want = run_kl_js(vec, ins, width, count, u, block), run_kl_js(generic, ins, width, count, u)
         assert not np.isnan(got).any()

@@ -221,24 +221,35 @@ def grad_input_vec_kl(c: dict, dact: tuple[str, dict] | None = None, block: int 
     return k
 
 
-def grad_weight_vec_kl() -> kl.KernelDef:
-    """grad_weight_kl (dZ as it is), 4 rows of dW an invocation (output t: row 4*ROW + t, of the output texel ROW of
-    dZ), each texel of dZ and of X fetched serving the 4: dW's rows are 4 * out4, so no invocation is past them."""
+def grad_weight_texels(out4: int) -> int:
+    """The texels of dZ (4 rows of dW each) an invocation of grad_weight_vec_kl takes: 4, 2 or 1, the most that
+    divide out4 (a layer's 784 -> 128 weight gradient at batch 64 on SwiftShader's WebGPU: 6.6 ms with 1, 4.7 with
+    2, 4.0 with 4)."""
+    return next(t for t in (4, 2, 1) if out4 % t == 0)
+
+
+def grad_weight_vec_kl(texels: int = 1) -> kl.KernelDef:
+    """grad_weight_kl (dZ as it is), 4 * `texels` rows of dW an invocation (output t: row 4*texels*ROW + t, of dZ's
+    output texels texels*ROW + j), each texel of X fetched serving them all, each of dZ its 4: dW's rows are
+    4 * out4, a multiple of theirs (grad_weight_texels), so no invocation is past them."""
     k = kl.KernelDef()
-    acc = [k.let(f"acc{t}", splat(0.0)) for t in range(4)]
+    acc = [k.let(f"acc{t}", splat(0.0)) for t in range(4 * texels)]
     with k.loop("n", uniform("u_batch", "int")) as n:
-        x, d = k.let("x", load("X", n, COL)), k.let("d", load("DZ", n, ROW))
-        for t in range(4):
-            k.set(acc[t], acc[t] + x * lane(d, t))
-    for t in range(4):
+        x = k.let("x", load("X", n, COL))
+        for j in range(texels):
+            d = k.let(f"d{j}", load("DZ", n, texels * ROW + j))
+            for t in range(4):
+                k.set(acc[4 * j + t], acc[4 * j + t] + x * lane(d, t))
+    for t in range(4 * texels):
         k.out(acc[t] / uniform("u_loss_scale", "float"), t)
     return k
 
 
-def _vectorised(layer, plan):
+def _vectorised(layer, plan, out4: int):
     """WebGPU's kernel in place of each generic one, as Kernel fields: the forward (not split: on WebGPU the
     one-pass forward runs in place of split-K's, ops/common.py) and grad_input ROWS samples an invocation, the
-    weight gradient 4 rows; {} for a WebGL2 blocked twin's (WebGPU runs the one-sample pass) and the rest."""
+    weight gradient 4, 8 or 16 rows (of the layer's 4 * out4: its constants are not the generic kernel's); {} for a
+    WebGL2 blocked twin's (WebGPU runs the one-sample pass) and the rest."""
     act, attrs = layer.attrs.get("act", "none"), layer.attrs.get("act_attrs", {})
 
     def of(what: str, c: dict) -> dict:
@@ -250,7 +261,8 @@ def _vectorised(layer, plan):
             dact = plan.act_grad_fused[layer.inputs[0]] if c.get("dact") else None
             return {"wgsl_kl": grad_input_vec_kl(c, dact), "scatter": ROWS}
         if what == "grad_weight":
-            return {"wgsl_kl": grad_weight_vec_kl(), "scatter": 4}
+            texels = grad_weight_texels(out4)
+            return {"wgsl_kl": grad_weight_vec_kl(texels), "scatter": 4 * texels}
         return {}
     return of
 
@@ -274,8 +286,9 @@ def _generic(layer, plan):
 
 
 def _passes(layer, graph, plan):
-    return weighted_passes(layer, plan, "dense", _consts(layer, graph), _title, _grad_bias, _GENERIC,
-                           _generic(layer, plan), _vectorised(layer, plan))
+    c = _consts(layer, graph)
+    return weighted_passes(layer, plan, "dense", c, _title, _grad_bias, _GENERIC, _generic(layer, plan),
+                           _vectorised(layer, plan, c["out4"]))
 
 
 def forward(layer, graph, plan):
