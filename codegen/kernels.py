@@ -66,6 +66,10 @@ class Kernel:
     # the twin's rows into parts and interleaves them, passes of their own; a conv's is vectorised (ops/conv_vec.py)
     wgsl_kl: object = field(default=None, hash=False, compare=False)
     scatter: int = field(default=0, hash=False, compare=False)
+    # True: `scatter`'s rows are samples (a dense layer's forward and input gradient, ops/dense.py), and below a block
+    # of them (u_batch < scatter) WebGPU runs `kl` instead, a sample an invocation (784 -> 128 at batch 1 on
+    # SwiftShader: 0.49 ms, the block computing its one sample behind branches 1.95)
+    few: bool = field(default=False, hash=False, compare=False)
     # WebGPU: (parts, the KernelDef of their sum): `wgsl_kl` computes `parts` partial sums of the output (rows
     # p*R + r, R its rows) into a scratch buffer, which a second dispatch adds up (ops/conv_vec.py: split_sum_kl): a
     # conv's weight gradient of few texels; () none

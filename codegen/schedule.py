@@ -172,6 +172,8 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
                 record["wgsl"] = wgsl_ref(k.wgsl_kl or k.kl, inputs, outputs, k.scatter)
                 if k.scatter:  # (a row-blocked matmul's, a conv's: several rows an invocation, written in place)
                     record["scatter"] = k.scatter
+                if k.few:  # (a dense layer's: below `scatter` samples, the generic kernel)
+                    record["few"] = wgsl_ref(k.kl, inputs, outputs)
                 if k.split:  # (a conv's weight gradient: partial sums, then their sum)
                     record["split"] = [k.split[0], wgsl_ref(k.split[1], ["P"], 1)]
             record["consts"] = {n: v for n, v in sorted(k.kl.symbols.items()) if re.search(rf"\bc\.{n}\b", fn)}

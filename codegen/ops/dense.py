@@ -247,19 +247,20 @@ def grad_weight_vec_kl(texels: int = 1) -> kl.KernelDef:
 
 def _vectorised(layer, plan, out4: int):
     """WebGPU's kernel in place of each generic one, as Kernel fields: the forward (not split: on WebGPU the
-    one-pass forward runs in place of split-K's, ops/common.py) and grad_input ROWS samples an invocation, the
-    weight gradient 4, 8 or 16 rows (of the layer's 4 * out4: its constants are not the generic kernel's); {} for a
-    WebGL2 blocked twin's (WebGPU runs the one-sample pass) and the rest."""
+    one-pass forward runs in place of split-K's, ops/common.py) and grad_input ROWS samples an invocation (below
+    ROWS samples, the generic kernels: Kernel.few), the weight gradient 4, 8 or 16 rows (of the layer's 4 * out4:
+    its constants are not the generic kernel's); {} for a WebGL2 blocked twin's (WebGPU runs the one-sample pass)
+    and the rest."""
     act, attrs = layer.attrs.get("act", "none"), layer.attrs.get("act_attrs", {})
 
     def of(what: str, c: dict) -> dict:
         if c.get("blocked") or c.get("split"):
             return {}
         if what == "forward":
-            return {"wgsl_kl": forward_vec_kl(c, act, attrs), "scatter": ROWS}
+            return {"wgsl_kl": forward_vec_kl(c, act, attrs), "scatter": ROWS, "few": True}
         if what == "grad_input":
             dact = plan.act_grad_fused[layer.inputs[0]] if c.get("dact") else None
-            return {"wgsl_kl": grad_input_vec_kl(c, dact), "scatter": ROWS}
+            return {"wgsl_kl": grad_input_vec_kl(c, dact), "scatter": ROWS, "few": True}
         if what == "grad_weight":
             texels = grad_weight_texels(out4)
             return {"wgsl_kl": grad_weight_vec_kl(texels), "scatter": 4 * texels}

@@ -86,10 +86,7 @@ class WebGpuRunner {
     };
   }
 
-  // (fit's proximal term: the WGSL reads u_mu and P0 always, as the CPU's functions do)
-  variant(r, inputs) {
-    return { ...r, inputs, stages: null };
-  }
+  variant(r, inputs) { return { ...r, inputs, stages: null }; } // (fit's proximal term: the WGSL reads u_mu, P0 always)
 
   // Its dispatches: the kernel's WGSL once; an optimizer's gradient then its update; a column-blocked forward's steps.
   #stages(r) {
@@ -109,7 +106,7 @@ class WebGpuRunner {
   // rounded up; where it computes `split` partial sums (a conv's weight gradient), into scratch p (T's rows a part),
   // then their sum.
   #compute(k, inputs, T, outputs) {
-    if (!k.split) return [this.#stage(k.wgsl, inputs, outputs, null, 1 / (k.scatter ?? 1))];
+    if (!k.split) return [this.#stage(k.wgsl, inputs, outputs, null, 1 / (k.scatter ?? 1), k.few)];
     const [parts, sum] = k.split, S = this.#scratch('p', T.spec.width, T.spec.height * parts);
     return [this.#stage(k.wgsl, inputs, [S], null, parts / (k.scatter ?? 1)), this.#stage(sum, [S], outputs)];
   }
@@ -150,8 +147,9 @@ class WebGpuRunner {
   }
 
   // A dispatch of WGSL[code] (a kernel's `wgsl`: [code, fields, outputs]) reading `inputs` into `outputs`; `values`:
-  // uniforms it sets itself; `scale`: its rows per row the pass draws (an interleaved input's; 1 / 8, a row twin's).
-  #stage([code, fields], inputs, outputs, values = null, scale = 1) {
+  // uniforms it sets itself; `scale`: its rows per row the pass draws (an interleaved input's; 1 / 8, a row twin's);
+  // `few`: the dispatch run in its place below 1 / scale samples (a kernel's `few`, Kernel.few).
+  #stage([code, fields], inputs, outputs, values = null, scale = 1, few = null) {
     let pipeline = this.pipelines.get(code);
     if (!pipeline) {
       const module = this.device.createShaderModule({ code: WGSL[code] });
@@ -164,6 +162,7 @@ class WebGpuRunner {
     const widths = new Map(inputs.map((rec, i) => [i, rec.spec.width]));
     return {
       pipeline, inputs, outputs, buffer, groups: new Map(), written: false, values, scale,
+      few: few && this.#stage(few, inputs, outputs, values),
       // each field: [is int, its value's name (a uniform) or null: set here (rows, width, an input's width)]
       fields: fields.map(([name, type], i) => [type === 'i32', name.startsWith('u_') ? name : null,
         name.startsWith('w_') ? widths.get(i - 2) : null]),
@@ -203,7 +202,8 @@ class WebGpuRunner {
       if (!webgpuRuns(p)) continue; // the other twin runs
       if (p.stages === null) p.stages = this.#stages(p);
       const rows = p.rows === 'full' ? p.height : p.rows === 'ring' ? 1 : sampleRowsDrawn(p.rows, u.u_batch) * p.sampleRows;
-      for (const st of p.stages) {
+      for (let st of p.stages) {
+        if (st.few && u.u_batch * st.scale < 1) st = st.few;
         let changed = !st.written;
         const stRows = Math.ceil(rows * st.scale); // (a kernel of `scatter` rows an invocation guards the last block's)
         for (let f = 0; f < st.fields.length; f++) {
