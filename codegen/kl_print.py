@@ -180,8 +180,8 @@ def c_like_block(body, indent: int, expr, need, form: dict) -> list[str]:
     """The lines of statements `body` in a language with C's blocks (GLSL, WGSL): `expr` prints an expression,
     `need(e)` is told of every expression printed (for the helper functions it calls), and `form` spells each
     statement: for(i, start, stop) (the loop's head), let(name, type, e), set(name, e), setlane(name, i, e),
-    out(i, e), variant(name) (the lines opening and closing a KernelDef.variant block); optionally unroll(i, start,
-    stop, body): for a loop it unrolls, a function of the loop variable giving each pass's first line (its value),
+    out(i, e), variant(name) (the lines opening and closing a KernelDef.variant block); optionally unroll(s): for
+    a loop statement s ("for", i, start, stop, body) it unrolls, each pass's first line (the variable's value),
     else None."""
     lines: list[str] = []
     pad = "  " * indent
@@ -193,8 +193,9 @@ def c_like_block(body, indent: int, expr, need, form: dict) -> list[str]:
             head, tail = form["variant"](s[1])
             lines += [pad + head, *c_like_block(s[2], indent + 1, expr, need, form), pad + tail]
             continue
-        if kind == "for" and "unroll" in form and form["unroll"](s[1], s[2], s[3], s[4]) is not None:
-            for head in form["unroll"](s[1], s[2], s[3], s[4])(s[1]):  # a short loop of constant bounds: each pass a block
+        heads = form["unroll"](s) if kind == "for" and "unroll" in form else None
+        if heads is not None:
+            for head in heads:  # a loop the printer unrolls: each pass a block
                 lines += [f"{pad}{{ {head}", *c_like_block(s[4], indent + 1, expr, need, form), pad + "}"]
             continue
         if kind == "for":

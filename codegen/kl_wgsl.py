@@ -218,11 +218,11 @@ def _size(body) -> int:
     return out
 
 
-def _unroll(i: str, start: X, stop: X, body):
-    if not _unrolls(("for", i, start, stop, body)):
+def _unroll(s) -> list[str] | None:
+    """The first line of each pass of loop statement `s` where it is unrolled, else None."""
+    if not _unrolls(s):
         return None
-    a = _const(start)
-    return lambda i: [f"const {_name(i)}: i32 = {j};" for j in range(a, _const(stop))]
+    return [f"const {_name(s[1])}: i32 = {j};" for j in range(_const(s[2]), _const(s[3]))]
 
 
 _LANE = ("fn _lane(v: vec4<f32>, i: i32) -> f32 { return select(select(select(v.w, v.z, i == 2), v.y, i == 1), v.x, "
