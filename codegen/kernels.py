@@ -66,6 +66,9 @@ class Kernel:
     # the twin's rows into parts and interleaves them, passes of their own; a conv's is vectorised (ops/conv_vec.py)
     wgsl_kl: object = field(default=None, hash=False, compare=False)
     scatter: int = field(default=0, hash=False, compare=False)
+    # ... and `cols` texels of each of those rows (kl_wgsl.py: wgsl's `cols`; the dispatch covers 1 / cols of the
+    # width): a token matmul's, where each texel of its input fetched then serves cols output texels (ops/matmul.py)
+    cols: int = field(default=1, hash=False, compare=False)
     # True: `scatter`'s rows are samples (a dense layer's forward and input gradient, ops/dense.py), and below a block
     # of them (u_batch < scatter) WebGPU runs `kl` instead, a sample an invocation (784 -> 128 at batch 1 on
     # SwiftShader: 0.49 ms, the block computing its one sample behind branches 1.95)

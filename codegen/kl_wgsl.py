@@ -7,6 +7,9 @@ JavaScript (codegen/kl_print.py), for the WebGPU backend.
                                b * ROW + t of out0, the one binding, written in place (the dispatch covers 1 / b of
                                the rows, rounded up: a kernel whose rows need not be a multiple of b writes its
                                outputs under a `when`, ops/conv_vec.py)
+    wgsl(k, inputs, 1, scatter=b, cols=c)   ... and c texels of each row (a token matmul's: ops/matmul.py), c
+                               dividing the output's width: COL counts blocks of c texels, output t is texel
+                               c * COL + t % c of row b * ROW + t / c (the dispatch covers 1 / c of the width too)
 
 Storage is what WebGPU gives a compute shader: each texture of the plan is a storage buffer of vec4<f32> texels in
 row-major order, logical width `w` (no folding, no rgba8: those are WebGL2's). Bindings, in group 0: the inputs
@@ -255,7 +258,16 @@ def _assigned(body) -> set[str]:
     return out
 
 
-def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0) -> str:
+def _out(scatter: int, cols: int):
+    """The statement writing output i of an invocation (see the module's docstring)."""
+    if not scatter:
+        return lambda i, e: f"out{i}[_i] = {e};"
+    if cols == 1:
+        return lambda i, e: f"out0[({scatter} * _row + {i}) * _d.width + _col] = {e};"
+    return lambda i, e: f"out0[({scatter} * _row + {i // cols}) * _d.width + {cols} * _col + {i % cols}] = {e};"
+
+
+def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0, cols: int = 1) -> str:
     helpers, need = helper_functions(
         "fn _hmax(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }",
         lambda n, last, mask: (f"fn _valid{n}(j: i32) -> vec4<f32> {{ return select(vec4<f32>({mask}), vec4<f32>(1.0), "
@@ -275,8 +287,7 @@ def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0) -> str:
                                        f"let {v(name)}: {_TYPE[type_]} = {e};"),
         "set": lambda name, e: f"{v(name)} = {e};",
         "setlane": lambda name, i, e: f"{v(name)}[{i}] = {e};",
-        "out": ((lambda i, e: f"out0[({scatter} * _row + {i}) * _d.width + _col] = {e};") if scatter else
-                (lambda i, e: f"out{i}[_i] = {e};")),
+        "out": _out(scatter, cols),
         "variant": lambda name: (f"{{ // {name}: run always (kl.py: KernelDef.variant)", "}")})
     fields = struct_fields(k, inputs)
     decl = [f"@group(0) @binding({i}) var<storage, read> {n}: array<vec4<f32>>;" for i, n in enumerate(inputs)]
@@ -295,5 +306,12 @@ def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0) -> str:
                "  if (_u >= u32(_d.rows * _d.width)) { return; }",
                "  let _i = i32(_u);",
                "  let _row = i32(_u / u32(_d.width));",
-               "  let _col = i32(_u % u32(_d.width));"])]
+               "  let _col = i32(_u % u32(_d.width));"] if cols == 1 else
+              # (`cols` texels an invocation: _col counts blocks of them, width / cols of a row, cols dividing width)
+              [f"  let _u = _g.x + _g.y * _n.x * {WORKGROUP}u;",
+               f"  let _w = u32(_d.width) / {cols}u;",
+               "  if (_u >= u32(_d.rows) * _w) { return; }",
+               "  let _i = i32(_u);",
+               "  let _row = i32(_u / _w);",
+               "  let _col = i32(_u % _w);"])]
     return "\n".join([*decl, *sorted(helpers.values()), *main, *lines, "}"]) + "\n"

@@ -139,20 +139,21 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
     generated: dict[str, str] = {}
     wgsl_index: dict[str, int] = {}
 
-    def wgsl_ref(kdef, inputs: list[str], outputs: int, scatter: int = 0) -> list:
+    def wgsl_ref(kdef, inputs: list[str], outputs: int, scatter: int = 0, cols: int = 1) -> list:
         """A kernel (kl.KernelDef) as WGSL reading `inputs` (the CPU function's, in its order) into `outputs` targets
-        (with `scatter`, into one: kl_wgsl.wgsl)."""
-        code = wgsl(kdef, inputs, outputs, scatter)
+        (with `scatter`, into one: kl_wgsl.wgsl; `cols` texels an invocation, a fourth item where not 1)."""
+        code = wgsl(kdef, inputs, outputs, scatter, cols)
         if code not in wgsl_index:
             wgsl_index[code] = len(webgpu)
             webgpu.append(code)
-        return [wgsl_index[code], [[n, t] for n, t in struct_fields(kdef, inputs)], outputs]
+        fields = [[n, t] for n, t in struct_fields(kdef, inputs)]
+        return [wgsl_index[code], fields, outputs] + ([cols] if cols > 1 else [])
 
     def kernel_ref(k: Kernel) -> int:
         src = render_kernel(k)
         sid = source_id(src)
         if webgpu is not None:  # (one GLSL, two WGSL: a row-blocked matmul's one-row kernel is printed from its twin)
-            sid += "".join(f"/{x.scatter}/{x.split[0] if x.split else 0}" for x in (k, k.gradient)
+            sid += "".join(f"/{x.scatter}/{x.split[0] if x.split else 0}/{x.cols}" for x in (k, k.gradient)
                            if x is not None and (x.scatter or x.split))
         if sid not in index:
             index[sid] = len(kernels)
@@ -169,7 +170,7 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
             fn = js(k.kl, inputs, outputs)
             record["cpu"] = source_id(fn)[:10]
             if webgpu is not None:  # the same generic kernel as a compute shader (runtime/webgpu.js runs it as the CPU its function)
-                record["wgsl"] = wgsl_ref(k.wgsl_kl or k.kl, inputs, outputs, k.scatter)
+                record["wgsl"] = wgsl_ref(k.wgsl_kl or k.kl, inputs, outputs, k.scatter, k.cols)
                 if k.scatter:  # (a row-blocked matmul's, a conv's: several rows an invocation, written in place)
                     record["scatter"] = k.scatter
                 if k.few:  # (a dense layer's: below `scatter` samples, the generic kernel)
@@ -196,7 +197,8 @@ def serialize(schedule: Schedule, textures: list[str], webgpu: list[str] | None 
                 record["consts"].update({n: g.consts[n] for n in _LAID_OUT if n in g.consts and g.routine})
                 generated[record["gradient"]["cpu"]] = gfn
                 if webgpu is not None:
-                    record["gradient"]["wgsl"] = wgsl_ref(g.wgsl_kl or g.kl, list(g.inputs), g_outputs, g.scatter)
+                    record["gradient"]["wgsl"] = wgsl_ref(g.wgsl_kl or g.kl, list(g.inputs), g_outputs, g.scatter,
+                                                          g.cols)
                     if g.scatter:
                         record["gradient"]["scatter"] = g.scatter
                     if g.split:

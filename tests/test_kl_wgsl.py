@@ -347,15 +347,15 @@ def test_wgsl_computes_what_the_cpu_kernels_compute(gpu_page, model):
                       rows, width, p.values)
         # the generic kernel, and the kernel WebGPU runs in its place (Kernel.wgsl_kl: a conv's vectorised one, ops/
         # conv_vec.py, several rows an invocation written in place, the dispatch over the blocks of rows)
-        for kdef, scatter in [(k.kl, 0)] + ([(k.wgsl_kl, k.scatter)] if k.wgsl_kl is not None else []):
+        for kdef, scatter, cols in [(k.kl, 0, 1)] + ([(k.wgsl_kl, k.scatter, k.cols)] if k.wgsl_kl is not None else []):
             fields = struct_fields(kdef, list(names))
-            code = wgsl(kdef, list(names), outputs, scatter)
+            code = wgsl(kdef, list(names), outputs, scatter, cols)
             parts = k.split[0] if k.split and kdef is k.wgsl_kl else 1  # (its output: `parts` blocks of the rows)
             drawn = -(-rows * parts // (scatter or 1))
             got = gpu_page.evaluate(RUN, {"code": code, "inputs": [d.reshape(-1).tolist() for d in data],
                                           "outputs": outputs, "rows": rows * parts, "width": width,
                                           "fields": [[t, dict(values, rows=drawn)[n]] for n, t in fields],
-                                          "grid": list(dispatch(drawn, width))})
+                                          "grid": list(dispatch(drawn, width // cols))})
             assert "error" not in got, f"{k.name}: {got.get('error')}\n{code}"
             if parts > 1:  # (partial sums, row p*rows + r part p of row r's: their sum)
                 got["result"] = [np.asarray(g).reshape(parts, rows, -1).sum(0).reshape(-1) for g in got["result"]]
@@ -389,6 +389,53 @@ def test_dispatch_covers_large_outputs():
     for rows, width in [(1, 1), (3, 100), (70_000, 64), (4096, 4096)]:
         x, y = dispatch(rows, width)
         assert x <= 65535 and y <= 65535 and x * y * 64 >= rows * width > x * (y - 1) * 64
+
+
+@pytest.mark.parametrize("k,p", [(16, 40), (24, 36), (32, 64), (8, 6)])
+def test_row_blocked_matmul_wgsl_of_several_texels(gpu_page, k, p):
+    """A row-blocked token matmul as WebGPU runs it (ops/matmul.py: _rows_twins): 8 rows and 1, 2 or 4 output texels
+    an invocation (kl_wgsl.wgsl's scatter and cols; every count dividing the output's width, and wgsl_cols' choice
+    among them), its forward, input gradient and weight gradient, against the one-row kernels printed as the CPU's
+    JavaScript and against numpy: 3 samples of 16 tokens, a weight [k, p] with a bias (widths of 10, 9, 16 and 2
+    texels; inputs of 4, 6, 8, 2)."""
+    from texelfit.codegen.ops.matmul import (_forward_kl, _forward_rows_kl, _grad_a_kl, _grad_a_rows_kl,
+                                             _grad_weight_kl, _grad_weight_rows_kl, wgsl_cols)
+
+    rng = np.random.default_rng(k * p)
+    tokens, p4, k4 = 16, -(-p // 4), -(-k // 4)
+    rows = BATCH * tokens
+    c = dict(groups=1, m=tokens, k=k, k4=k4, p=p, p4=p4, rows_a=tokens, rows_b=0, weight=True, has_bias=True)
+
+    def packed(a):  # (R, F) -> R rows of ceil(F / 4) texels, the padding lanes 0
+        out = np.zeros((a.shape[0], -(-a.shape[1] // 4) * 4), np.float32)
+        out[:, :a.shape[1]] = a
+        return out.reshape(a.shape[0], -1, 4)
+
+    a, w, bias, dy = (rng.standard_normal(s).astype(np.float32) for s in ((rows, k), (k, p), (1, p), (rows, p)))
+    cases = [("forward", _forward_kl, _forward_rows_kl, {"A": a, "B": w, "BIAS": bias}, rows, a @ w + bias),
+             ("grad_a", _grad_a_kl, _grad_a_rows_kl, {"DY": dy, "B": w}, rows, dy @ w.T)]
+    if k % 8 == 0:
+        cases.append(("grad_weight", _grad_weight_kl, _grad_weight_rows_kl, {"A": a, "DY": dy}, k,
+                      a.T @ dy / UNIFORMS["u_loss_scale"]))
+    for what, one, blocked, ins, out_rows, want in cases:
+        names, data = list(ins), [packed(x) for x in ins.values()]
+        width = data[-1].shape[1] if what != "grad_a" else k4
+        ref = _run_js(js(one(c), names, 1), one(c).symbols, data, [d.shape[1] for d in data], 1, out_rows, width)[0]
+        np.testing.assert_allclose(ref.reshape(out_rows, -1)[:, :want.shape[1]], want, rtol=1e-4, atol=1e-4)
+        counts = [n for n in (1, 2, 4) if width % n == 0]
+        assert wgsl_cols(width) == counts[-1]
+        for cols in counts:
+            kdef = blocked(c, 8, cols)
+            values = {"rows": out_rows // 8, "width": width, **{f"w_{n}": d.shape[1] for n, d in zip(names, data)},
+                      **UNIFORMS}
+            code = wgsl(kdef, names, 1, scatter=8, cols=cols)
+            got = gpu_page.evaluate(RUN, {"code": code, "inputs": [d.reshape(-1).tolist() for d in data],
+                                          "outputs": 1, "rows": out_rows, "width": width,
+                                          "fields": [[t, values[n]] for n, t in struct_fields(kdef, names)],
+                                          "grid": list(dispatch(out_rows // 8, width // cols))})
+            assert "error" not in got, f"{what} {cols}: {got.get('error')}\n{code}"
+            np.testing.assert_allclose(np.asarray(got["result"][0]), ref, rtol=2e-5, atol=2e-5,
+                                       err_msg=f"{what}, {cols} texels an invocation")
 
 
 def test_interleave_cols_wgsl(gpu_page):

@@ -157,13 +157,19 @@ def test_row_blocked_token_matmuls_forward_and_gradients(request, site, backend)
 
 def test_webgpu_runs_the_row_twins_in_place():
     """A --webgpu build: the one-row kernels of the forwards, input gradients and the weight gradient are printed as
-    WGSL from their twins, writing 8 rows an invocation in place into the one output."""
+    WGSL from their twins, writing 8 rows an invocation in place into the one output, and 4 texels of each where
+    they divide its width (ops/matmul.py: wgsl_cols): the first Linear's forward (32 outputs, 8 texels) and the
+    second's input gradient; the others' widths are 5 texels (18 features)."""
     torch.manual_seed(0)
     js = compile_onnx(export_simplified(feed_forward_rows(), ROWS_SHAPE), name="m", input_shape=ROWS_SHAPE,
                       max_batch=8, webgpu=True).files["m.js"]
     # 2 forwards, 2 input gradients, a weight gradient (the optimizer's gradient: once for each optimizer it runs in)
     assert js.count('"scatter":8') >= 5
-    assert js.count("out0[(8 * _row + 7) * _d.width + _col] = ") >= 5
+    assert js.count('"scatter":8') == js.count('],1,4],"scatter":8') + js.count('],1],"scatter":8')
+    assert js.count('],1,4],"scatter":8') == 2
+    # (the WGSL, each module once: the 4 texels' two, and the three of one texel)
+    assert js.count("out0[(8 * _row + 7) * _d.width + 4 * _col + 3] = ") == 2
+    assert js.count("out0[(8 * _row + 7) * _d.width + _col] = ") >= 3
 
 
 def test_transformer_layer_4_heads_forward_and_gradients(web, site):

@@ -12,7 +12,8 @@ matmul_grad_a with a weight also have a twin computing 8 rows a fragment into bl
 which WebGL2 and the CPU run from batch 1 where the device draws 8 targets at once (_rows_twins); where its inputs
 are a multiple of 8 too, so does matmul_grad_weight, 8 rows of dB a fragment (into blk0..7:pgrad:B, which the
 optimizer's gradient interleaves). WebGPU runs the one-row pass with the twin's kernel as its WGSL, 8 rows an
-invocation written in place (Kernel.wgsl_kl): no parts, no interleave.
+invocation written in place (Kernel.wgsl_kl), and 4 or 2 output texels of each where they divide its width
+(wgsl_cols, Kernel.cols): no parts, no interleave.
 
 matmul of two activations, batched: a (G*M, K) @ b (G*K, P), block g of M rows of a times block g of K
 rows of b (attention's Q K^T and A V):
@@ -91,28 +92,42 @@ def _forward_kl(c: dict) -> kl.KernelDef:
     return k
 
 
-def _forward_rows_kl(c: dict, block: int) -> kl.KernelDef:
+def _col(cols: int, c: int) -> kl.X:
+    """The output texel of column c of an invocation's `cols` (kl_wgsl.wgsl's cols: COL counts blocks of them)."""
+    return COL if cols == 1 else cols * COL + c
+
+
+def _forward_rows_kl(c: dict, block: int, cols: int = 1) -> kl.KernelDef:
     """_forward_kl for a weight (B at row 0), `block` rows a fragment (webgl2/blocking.py: row_blocked): output t is
-    row block * ROW + t, and each texel of B fetched serves all of them."""
+    row block * ROW + t, and each texel of B fetched serves all of them. With `cols` (WebGPU alone, _wgsl_cols) also
+    that many output texels an invocation, each texel of A fetched serving them all: output t * cols + j."""
     k = kl.KernelDef()
     rows = [block * ROW + t for t in range(block)]
-    acc = [k.let(f"acc{t}", load("BIAS", 0, COL) if c["has_bias"] else splat(0.0)) for t in range(block)]
+    sfx = [f"_{j}" if cols > 1 else "" for j in range(cols)]
+    acc = [[k.let(f"acc{t}{sfx[j]}", load("BIAS", 0, _col(cols, j)) if c["has_bias"] else splat(0.0))
+            for j in range(cols)] for t in range(block)]
     if c["k"] >= 4:
         with k.loop("k4", k.sym("kq", c["k"] // 4)) as k4:
-            b = [k.let(f"b{j}", load("B", 4 * k4 + j, COL)) for j in range(4)]
+            b = [[k.let(f"b{i}{sfx[j]}", load("B", 4 * k4 + i, _col(cols, j))) for i in range(4)] for j in range(cols)]
             for t in range(block):
                 a = k.let(f"a{t}", load("A", rows[t], k4))
-                k.set(acc[t], acc[t] + (b[0] * lane(a, 0) + b[1] * lane(a, 1) + b[2] * lane(a, 2) + b[3] * lane(a, 3)))
+                for j in range(cols):
+                    bj = b[j]
+                    k.set(acc[t][j], acc[t][j] + (bj[0] * lane(a, 0) + bj[1] * lane(a, 1) + bj[2] * lane(a, 2)
+                                                  + bj[3] * lane(a, 3)))
     if c["k"] % 4:
         kq = k.sym("kq", c["k"] // 4)
-        b = [k.let(f"bt{j}", load("B", 4 * kq + j, COL)) for j in range(c["k"] % 4)]
+        b = [[k.let(f"bt{i}{sfx[j]}", load("B", 4 * kq + i, _col(cols, j))) for i in range(c["k"] % 4)]
+             for j in range(cols)]
         for t in range(block):
             a = k.let(f"at{t}", load("A", rows[t], kq))
-            for j in range(c["k"] % 4):
-                k.set(acc[t], acc[t] + lane(a, j) * b[j])
+            for j in range(cols):
+                for i in range(c["k"] % 4):
+                    k.set(acc[t][j], acc[t][j] + lane(a, i) * b[j][i])
     p = k.sym("p", c["p"])
     for t in range(block):
-        k.out(acc[t] * valid(p, COL), t)
+        for j in range(cols):
+            k.out(acc[t][j] * valid(p, _col(cols, j)), t * cols + j)
     return k
 
 
@@ -131,20 +146,24 @@ def _grad_a_kl(c: dict) -> kl.KernelDef:
     return k
 
 
-def _grad_a_rows_kl(c: dict, block: int) -> kl.KernelDef:
+def _grad_a_rows_kl(c: dict, block: int, cols: int = 1) -> kl.KernelDef:
     """_grad_a_kl for a weight, `block` rows a fragment (row_blocked): output t is row block * ROW + t, and each
-    texel of B fetched serves all of them."""
+    texel of B fetched serves all of them. With `cols` (WebGPU alone) also that many output texels an invocation,
+    each texel of dY fetched serving them all: output t * cols + j."""
     k = kl.KernelDef()
     kk = k.sym("k", c["k"])
-    rows = [k.let(f"r{j}", minimum(4 * COL + j, kk - 1)) for j in range(4)]
-    acc = [k.let(f"acc{t}", splat(0.0)) for t in range(block)]
+    sfx = [f"_{j}" if cols > 1 else "" for j in range(cols)]
+    rows = [[k.let(f"r{i}{sfx[j]}", minimum(4 * _col(cols, j) + i, kk - 1)) for i in range(4)] for j in range(cols)]
+    acc = [[k.let(f"acc{t}{sfx[j]}", splat(0.0)) for j in range(cols)] for t in range(block)]
     with k.loop("p4", k.sym("p4", c["p4"])) as p4:
-        b = [k.let(f"b{j}", load("B", r, p4)) for j, r in enumerate(rows)]
+        b = [[k.let(f"b{i}{sfx[j]}", load("B", r, p4)) for i, r in enumerate(rows[j])] for j in range(cols)]
         for t in range(block):
             d = k.let(f"d{t}", load("DY", block * ROW + t, p4))
-            k.set(acc[t], acc[t] + vec4_of(*(dot(d, bj) for bj in b)))
+            for j in range(cols):
+                k.set(acc[t][j], acc[t][j] + vec4_of(*(dot(d, bi) for bi in b[j])))
     for t in range(block):
-        k.out(acc[t] * valid(kk, COL), t)
+        for j in range(cols):
+            k.out(acc[t][j] * valid(kk, _col(cols, j)), t * cols + j)
     return k
 
 
@@ -183,35 +202,49 @@ def _grad_weight_kl(c: dict) -> kl.KernelDef:
     return k
 
 
+def wgsl_cols(width: int) -> int:
+    """The output texels a WebGPU invocation of a row-blocked token matmul computes: 4, or 2, whichever divides the
+    output's width in texels, else 1. SwiftShader (2026-12-07, 512 tokens): 384 -> 384 and 1536 -> 384 forwards
+    1.45x faster at 4 than at 1 (43 -> 29.5 ms, 167 -> 115), a 384 x 384 weight gradient 1.55x (58 -> 37.5); 16 rows
+    by 2 texels as fast as 8 by 4; no slower at 32 tokens (a sentence), where 4 leaves fewer invocations."""
+    return 4 if width % 4 == 0 else 2 if width % 2 == 0 else 1
+
+
 def _rows_twins(layer, plan, one: Pass, blocked) -> list[Pass]:
     """`one`, a token-wise matmul's pass computing a row a fragment, and where its output has row-blocked parts
-    (webgl2/blocking.py: row_blocked) its twin computing ROW_BLOCK rows a fragment into them (the kernel `blocked()`)
-    and their interleave, which run from batch 1 on devices drawing 8 targets at once (Pass.block_from). WebGPU runs
-    `one` with the twin's kernel as its WGSL, its rows written in place (Kernel.wgsl_kl)."""
+    (webgl2/blocking.py: row_blocked) its twin computing ROW_BLOCK rows a fragment into them (the kernel
+    `blocked(1)`) and their interleave, which run from batch 1 on devices drawing 8 targets at once (Pass.block_from).
+    WebGPU runs `one` with the twin's kernel of `wgsl_cols` texels an invocation (`blocked(cols)`) as its WGSL, its
+    rows and texels written in place (Kernel.wgsl_kl)."""
     out = one.outputs[0]
     if "blk0:" + out not in plan.textures:
         return [one]
     parts = [f"blk{t}:{out}" for t in range(ROW_BLOCK)]
-    k, rows = one.kernel, blocked()
+    k, rows, cols = one.kernel, blocked(1), wgsl_cols(plan.textures[out].width)
     twin = Kernel(k.name + " rows", "kl", k.inputs, ROW_BLOCK, k.uniforms, kl=rows)
-    one.kernel = dataclasses.replace(k, wgsl_kl=rows, scatter=ROW_BLOCK)
+    one.kernel = dataclasses.replace(k, wgsl_kl=blocked(cols), scatter=ROW_BLOCK, cols=cols)
     one.blocked, one.block_from = False, 1
     return [one, Pass(twin, one.inputs, parts, one.rows, layer.name, blocked=True, block_from=1),
             Pass(interleave_kernel(), parts, [out], one.rows, layer.name, {"u_rows": 1}, blocked=True, block_from=1)]
 
 
-def _grad_weight_rows_kl(c: dict, block: int) -> kl.KernelDef:
+def _grad_weight_rows_kl(c: dict, block: int, cols: int = 1) -> kl.KernelDef:
     """_grad_weight_kl, `block` rows of dB a fragment (row_blocked, inputs k a multiple of 8): output t is row
-    k = block * ROW + t, a lane of the block / 4 texels of A it reads a row, and each texel of dY fetched serves all."""
+    k = block * ROW + t, a lane of the block / 4 texels of A it reads a row, and each texel of dY fetched serves all.
+    With `cols` (WebGPU alone) also that many texels of dB an invocation, each texel of A serving them all: output
+    t * cols + j."""
     k = kl.KernelDef()
-    acc = [k.let(f"acc{t}", splat(0.0)) for t in range(block)]
+    sfx = [f"_{j}" if cols > 1 else "" for j in range(cols)]
+    acc = [[k.let(f"acc{t}{sfx[j]}", splat(0.0)) for j in range(cols)] for t in range(block)]
     with k.loop("r", uniform("u_batch", "int") * k.sym("rows_a", c["rows_a"])) as r:
         a = [k.let(f"a{q}", load("A", r, block // 4 * ROW + q)) for q in range(block // 4)]
-        d = k.let("d", load("DY", r, COL))
-        for t in range(block):
-            k.set(acc[t], acc[t] + d * lane(a[t // 4], t % 4))
+        for j in range(cols):
+            d = k.let(f"d{sfx[j]}", load("DY", r, _col(cols, j)))
+            for t in range(block):
+                k.set(acc[t][j], acc[t][j] + d * lane(a[t // 4], t % 4))
     for t in range(block):
-        k.out(acc[t] / uniform("u_loss_scale", "float"), t)
+        for j in range(cols):
+            k.out(acc[t][j] / uniform("u_loss_scale", "float"), t * cols + j)
     return k
 
 
@@ -260,7 +293,7 @@ def forward(layer, graph, plan):
         textures.append("param:" + layer.params["bias"])
     k = Kernel(_title(c, "matmul_forward"), "kl", names, kl=_forward_kl(c))
     one = Pass(k, textures, [plan.tensor(layer.outputs[0])], "batch", layer.name)
-    return _rows_twins(layer, plan, one, lambda: _forward_rows_kl(c, ROW_BLOCK))
+    return _rows_twins(layer, plan, one, lambda cols: _forward_rows_kl(c, ROW_BLOCK, cols))
 
 
 def _rows_sum_kl(rows: int) -> kl.KernelDef:
@@ -291,7 +324,7 @@ def backward(layer, graph, plan):
     if target:
         k = Kernel(_title(c, "matmul_grad_a"), "kl", ("DY", "B"), kl=_grad_a_kl(c))
         one = Pass(k, [plan.grad(y), _b_texture(layer, plan)], [target], "batch", layer.name)
-        passes += _rows_twins(layer, plan, one, lambda: _grad_a_rows_kl(c, ROW_BLOCK))
+        passes += _rows_twins(layer, plan, one, lambda cols: _grad_a_rows_kl(c, ROW_BLOCK, cols))
     if not c["weight"]:
         target = grad_target(plan, layer, 1)
         if target:
@@ -303,7 +336,7 @@ def backward(layer, graph, plan):
                    uniforms=("u_batch", "u_loss_scale"), kl=_grad_weight_kl(c))
         one = Pass(k, [plan.tensor(layer.inputs[0]), plan.grad(y)], [param_grad(plan, layer, "weight")], "full",
                    layer.name)
-        passes += _rows_twins(layer, plan, one, lambda: _grad_weight_rows_kl(c, ROW_BLOCK))
+        passes += _rows_twins(layer, plan, one, lambda cols: _grad_weight_rows_kl(c, ROW_BLOCK, cols))
     if c["has_bias"] and graph.is_trainable(layer.params["bias"]):
         passes.append(rows_sum_pass(layer, graph, plan, "bias"))
     return passes

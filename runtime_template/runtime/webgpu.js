@@ -146,10 +146,10 @@ class WebGpuRunner {
     return { spec: { name: kind, width, height }, tex: [this.scratch[kind]], cur: 0, double: false };
   }
 
-  // A dispatch of WGSL[code] (a kernel's `wgsl`: [code, fields, outputs]) reading `inputs` into `outputs`; `values`:
-  // uniforms it sets itself; `scale`: its rows per row the pass draws (an interleaved input's; 1 / 8, a row twin's);
-  // `few`: the dispatch run in its place below 1 / scale samples (a kernel's `few`, Kernel.few).
-  #stage([code, fields], inputs, outputs, values = null, scale = 1, few = null) {
+  // A dispatch of WGSL[code] (a kernel's `wgsl`: [code, fields, outputs, cols texels an invocation where not 1: over 1 /
+  // cols of the width]) reading `inputs` into `outputs`; `values`: uniforms it sets itself; `scale`: its rows per row the
+  // pass draws (1 / 8, a row twin's); `few`: the dispatch run in its place below 1 / scale samples (Kernel.few).
+  #stage([code, fields, , cols = 1], inputs, outputs, values = null, scale = 1, few = null) {
     let pipeline = this.pipelines.get(code);
     if (!pipeline) {
       const module = this.device.createShaderModule({ code: WGSL[code] });
@@ -166,7 +166,7 @@ class WebGpuRunner {
       // each field: [is int, its value's name (a uniform) or null: set here (rows, width, an input's width)]
       fields: fields.map(([name, type], i) => [type === 'i32', name.startsWith('u_') ? name : null,
         name.startsWith('w_') ? widths.get(i - 2) : null]),
-      data, ints: new Int32Array(data), floats: new Float32Array(data), width: outputs[0].spec.width,
+      data, ints: new Int32Array(data), floats: new Float32Array(data), width: outputs[0].spec.width, cols,
     };
   }
 
@@ -221,7 +221,7 @@ class WebGpuRunner {
         st.written = true;
         pass.setPipeline(st.pipeline);
         pass.setBindGroup(0, this.#group(st));
-        const [x, y] = p.rows === 'ring' ? [1, 1] : wgslGrid(stRows, st.width);
+        const [x, y] = p.rows === 'ring' ? [1, 1] : wgslGrid(stRows, st.width / st.cols);
         if (x > 0) pass.dispatchWorkgroups(x, y);
       }
     }
