@@ -140,8 +140,10 @@ def test_token_linears_of_16_tokens_are_row_blocked():
     torch.manual_seed(0)
     js = compile_onnx(export_simplified(feed_forward_rows(), ROWS_SHAPE), name="m", input_shape=ROWS_SHAPE,
                       max_batch=8).files["m.js"]
-    for what in ("matmul_forward 1x16x18@18x32", "matmul_forward 1x16x32@32x18", "matmul_grad_a 1x16x18@18x32",
-                 "matmul_grad_a 1x16x32@32x18", "matmul_grad_weight 1x16x32@32x18"):
+    # (each Linear's bias is its matmul's, "+b": prep/onnx_import/elementwise.py, add_bias)
+    for what in ("matmul_forward 1x16x18@18x32 +b", "matmul_forward 1x16x32@32x18 +b",
+                 "matmul_grad_a 1x16x18@18x32 +b", "matmul_grad_a 1x16x32@32x18 +b",
+                 "matmul_grad_weight 1x16x32@32x18 +b"):
         assert f"// texelfit kernel: {what} (" in js and f"// texelfit kernel: {what} rows (" in js, what
 
 

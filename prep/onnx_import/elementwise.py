@@ -29,14 +29,15 @@ def add_bias(cx, s) -> bool:
     consts, alias, lazy, shapes, params = cx.consts, cx.alias, cx.lazy, cx.shapes, cx.params
     if len([i for i in ins if i not in consts]) != 1:
         return False
-    xo = alias.get(next(i for i in ins if i not in consts), next(i for i in ins if i not in consts))
+    xi = next(i for i in ins if i not in consts)  # (its ONNX name, whose readers are counted; xo: what it stands for)
+    xo = alias.get(xi, xi)
     c = next(i for i in ins if i in consts)
     if xo in lazy or len(shapes.get(xo, ())) == 2:  # a bias added to a token-wise MatMul's rows
         v = cx.lz(xo)
         prod = next((l for l in cx.layers if v.src in l.outputs), None)
         if (prod is not None and prod.op == "matmul" and "weight" in prod.params and "bias" not in prod.params
                 and c in cx.initializer_names and np.size(consts[c]) == shapes[v.src][1]
-                and np.ndim(consts[c]) <= 1 and len(cx.users(xo)) == 1):
+                and np.ndim(consts[c]) <= 1 and len(cx.users(xi)) == 1):
             b = cx.param(node, ins.index(c))
             params[b].array = params[b].array.reshape(-1)
             prod.params["bias"] = b
