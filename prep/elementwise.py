@@ -178,6 +178,10 @@ UNARY = {e.name: e for e in [
     Elementwise("erf", "Erf", erf(X), (2.0 / math.sqrt(math.pi) * exp(-(X * X)),)),
     # x * sigmoid(x), what nn.SiLU exports as (Sigmoid and Mul of one tensor: prep/graph.py recognises it)
     Elementwise("silu", None, X * sigmoid(X), (sigmoid(X) * (1.0 + X * (1.0 - sigmoid(X))),)),
+    # nn.GELU, x * (erf(x / sqrt 2) + 1) * 0.5 as torch exports it (and Gelu lowers: prep/lower_ops.py), five
+    # nodes that prep/fuse.py recognises (fuse_gelu): one pass forward and one backward where they were five each
+    Elementwise("gelu", None, X * (erf(X / math.sqrt(2.0)) + 1.0) * 0.5,
+                ((erf(X / math.sqrt(2.0)) + 1.0) * 0.5 + X * exp(X * X * -0.5) * (1.0 / math.sqrt(2.0 * math.pi)),)),
     # Where(Equal(x, value), fill, other) of constants (masked_fill: a bool attention mask made additive,
     # prep/graph.py recognises it); no gradient reaches x. An infinite fill is taken as the largest float
     # Where(IsNaN(x), fill, x) of a constant fill (torch's scaled_dot_product_attention export: a row of scores all

@@ -75,8 +75,8 @@ def _kernels(module, shape) -> list[str]:
 
 def test_what_fuses_and_what_runs_on_its_own():
     """ReLU6 (its derivative in Y) fuses into the conv before it; HardSwish (its derivative needs X) runs as a
-    pass of its own; SiLU is recognised as one op (no sigmoid pass, no product pass); a residual add passes
-    its gradient on without a pass."""
+    pass of its own; SiLU and GELU are recognised as one op each (no sigmoid or erf pass, no product pass); a
+    residual add passes its gradient on without a pass."""
     torch.manual_seed(0)
     k = _kernels(unary_case("relu6")(), UNARY_SHAPE)
     assert any(n.startswith("conv_forward") and n.endswith(" clip") for n in k), k
@@ -86,6 +86,12 @@ def test_what_fuses_and_what_runs_on_its_own():
     k = _kernels(unary_case("silu")(), UNARY_SHAPE)
     assert sum(n.startswith("elementwise_forward silu") for n in k) == 2, k
     assert not any("sigmoid" in n or "elementwise_forward mul" in n for n in k), k
+    k = _kernels(unary_case("gelu")(), UNARY_SHAPE)  # GELU's 5 nodes as one op (prep/fuse.py: fuse_gelu)
+    assert sum(n.startswith("elementwise_forward gelu") for n in k) == 2, k
+    assert sum(n.startswith("elementwise_grad d0 gelu") for n in k) == 1, k
+    assert not any(w in n for n in k for w in ("erf", "elementwise_forward mul", "elementwise_forward div")), k
+    k = _kernels(unary_case("gelu_tanh")(), UNARY_SHAPE)  # (its tanh form stays as it is)
+    assert not any(n.startswith("elementwise_forward gelu") for n in k), k
     factory, shape = BLOCK_CASES["mobilenet_v2_inverted_residual"]
     k = _kernels(factory(), shape)
     assert any(n.startswith("elementwise_forward add") for n in k), k
