@@ -98,6 +98,32 @@ def test_what_fuses_and_what_runs_on_its_own():
     assert not any(n.startswith("elementwise_grad") for n in k), k  # both operands take dY as it is
 
 
+class _ErfChain(torch.nn.Module):
+    """x * (erf(x / d) + 1) * 0.5 through a conv: GELU where d is sqrt 2; `shared`: erf's output read again."""
+
+    def __init__(self, d=2 ** 0.5, shared=False):
+        super().__init__()
+        self.conv, self.d, self.shared = torch.nn.Conv2d(3, 4, 3), d, shared
+
+    def forward(self, x):
+        y = self.conv(x)
+        e = torch.erf(y / self.d)
+        out = y * (e + 1) * 0.5
+        return (out + e if self.shared else out).mean((2, 3))
+
+
+@pytest.mark.parametrize("case,fused", [("gelu", True), ("other_constant", False), ("erf_read_again", False)])
+def test_gelu_is_fused_only_where_it_is_gelu(case, fused):
+    """prep/fuse.py: fuse_gelu takes the five layers for one only where they compute GELU (the divisor sqrt 2, the
+    constants 1 and 0.5) and nothing else reads what is between them; else they stay as they are."""
+    from texelfit.prep.fuse import fuse_activations
+    from texelfit.prep.graph import to_ir
+
+    module = {"gelu": _ErfChain(), "other_constant": _ErfChain(d=1.5), "erf_read_again": _ErfChain(shared=True)}[case]
+    ops = [layer.op for layer in fuse_activations(to_ir(export_simplified(module.eval(), (3, 7, 6)))).layers]
+    assert ("gelu" in ops) == fused and ("erf" in ops) != fused, ops
+
+
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_a_model_ending_in_softmax_predicts_it_and_trains_on_its_logits(web, site, log):
     """predict returns the probabilities (log-probabilities); gradients and an SGD trajectory are those of
