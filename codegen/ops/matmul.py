@@ -99,7 +99,7 @@ def _col(cols: int, c: int) -> kl.X:
 
 def _forward_rows_kl(c: dict, block: int, cols: int = 1) -> kl.KernelDef:
     """_forward_kl for a weight (B at row 0), `block` rows a fragment (webgl2/blocking.py: row_blocked): output t is
-    row block * ROW + t, and each texel of B fetched serves all of them. With `cols` (WebGPU alone, _wgsl_cols) also
+    row block * ROW + t, and each texel of B fetched serves all of them. With `cols` (WebGPU alone: wgsl_cols) also
     that many output texels an invocation, each texel of A fetched serving them all: output t * cols + j."""
     k = kl.KernelDef()
     rows = [block * ROW + t for t in range(block)]
