@@ -290,6 +290,7 @@ def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0, cols: int = 1) ->
         "out": _out(scatter, cols),
         "variant": lambda name: (f"{{ // {name}: run always (kl.py: KernelDef.variant)", "}")})
     fields = struct_fields(k, inputs)
+    width = "u32(_d.width)" if cols == 1 else "_w"  # (the invocations of a row)
     decl = [f"@group(0) @binding({i}) var<storage, read> {n}: array<vec4<f32>>;" for i, n in enumerate(inputs)]
     decl += [f"@group(0) @binding({len(inputs) + i}) var<storage, read_write> out{i}: array<vec4<f32>>;"
              for i in range(outputs)]
@@ -302,16 +303,11 @@ def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0, cols: int = 1) ->
                "  let _row = 0;",
                "  let _col = _i;"] if k.ring else
               # (the row and column by u32 division: SwiftShader's i32 division took half an elementwise kernel)
+              # (`cols` texels an invocation: _col counts blocks of them, _w = width / cols of a row, cols dividing it)
               [f"  let _u = _g.x + _g.y * _n.x * {WORKGROUP}u;",
-               "  if (_u >= u32(_d.rows * _d.width)) { return; }",
+               *([f"  let _w = u32(_d.width) / {cols}u;"] if cols > 1 else []),
+               f"  if (_u >= u32(_d.rows{' * _d.width)' if cols == 1 else ') * _w'}) {{ return; }}",
                "  let _i = i32(_u);",
-               "  let _row = i32(_u / u32(_d.width));",
-               "  let _col = i32(_u % u32(_d.width));"] if cols == 1 else
-              # (`cols` texels an invocation: _col counts blocks of them, width / cols of a row, cols dividing width)
-              [f"  let _u = _g.x + _g.y * _n.x * {WORKGROUP}u;",
-               f"  let _w = u32(_d.width) / {cols}u;",
-               "  if (_u >= u32(_d.rows) * _w) { return; }",
-               "  let _i = i32(_u);",
-               "  let _row = i32(_u / _w);",
-               "  let _col = i32(_u % _w);"])]
+               f"  let _row = i32(_u / {width});",
+               f"  let _col = i32(_u % {width});"])]
     return "\n".join([*decl, *sorted(helpers.values()), *main, *lines, "}"]) + "\n"
