@@ -252,7 +252,8 @@ def schedule_passes(js):
     if not m:
         return None
     s = json.loads(m.group(1))
-    return {"forward": len(s["forward"]), "loss": {k: len(v) for k, v in s["loss"].items()},
+    losses = s["loss"] if isinstance(s["loss"], list) else [s["loss"]]  # (a list: one an output)
+    return {"forward": len(s["forward"]), "loss": [{k: len(v) for k, v in d.items()} for d in losses],
             "backward": len(s.get("trainBackward", s["backward"])), "optimizer": {k: len(v) for k, v in s["optimizer"].items()}}
 
 
