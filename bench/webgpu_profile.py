@@ -30,7 +30,9 @@ PROFILER = """
   const codes = new Map(), byPipeline = new WeakMap();
   const log = (globalThis.__wgProfile = { on: false, records: [], pending: [] });
   const cm = GPUDevice.prototype.createShaderModule;
-  GPUDevice.prototype.createShaderModule = function (d) { const m = cm.call(this, d); codes.set(m, d.code); return m; };
+  GPUDevice.prototype.createShaderModule = function (d) {  // (named by the bundle's WGSL, its arrays unsized)
+    const m = cm.call(this, d); codes.set(m, d.code.replace(/array<vec4<f32>, \\d+>/g, 'array<vec4<f32>>')); return m;
+  };
   const cp = GPUDevice.prototype.createComputePipeline;
   GPUDevice.prototype.createComputePipeline = function (d) {
     const p = cp.call(this, d); byPipeline.set(p, codes.get(d.compute.module)); return p;

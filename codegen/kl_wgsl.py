@@ -291,6 +291,7 @@ def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0, cols: int = 1) ->
         "variant": lambda name: (f"{{ // {name}: run always (kl.py: KernelDef.variant)", "}")})
     fields = struct_fields(k, inputs)
     width = "u32(_d.width)" if cols == 1 else "_w"  # (the invocations of a row)
+    # (runtime/webgpu.js sizes each runtime-sized array to the texels its binding holds: `array<vec4<f32>>` is theirs alone)
     decl = [f"@group(0) @binding({i}) var<storage, read> {n}: array<vec4<f32>>;" for i, n in enumerate(inputs)]
     decl += [f"@group(0) @binding({len(inputs) + i}) var<storage, read_write> out{i}: array<vec4<f32>>;"
              for i in range(outputs)]
@@ -310,4 +311,6 @@ def wgsl(k, inputs: list[str], outputs: int, scatter: int = 0, cols: int = 1) ->
                "  let _i = i32(_u);",
                f"  let _row = i32(_u / {width});",
                f"  let _col = i32(_u % {width});"])]
-    return "\n".join([*decl, *sorted(helpers.values()), *main, *lines, "}"]) + "\n"
+    code = "\n".join([*decl, *sorted(helpers.values()), *main, *lines, "}"]) + "\n"
+    assert code.count("array<vec4<f32>>") == len(inputs) + outputs, "a runtime-sized array that binds no buffer"
+    return code

@@ -9,6 +9,9 @@ with WebGL2, a lost device, a worker, dispose, its errors), with the tolerances 
 """
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 import torch
 
@@ -200,6 +203,37 @@ def test_the_default_is_webgpu_where_it_runs(web, site, mlp_bundle):
     assert got["plain"]["backend"] == "webgl2" and got["plain"]["why"] is None
     assert got["noAdapter"]["backend"] == "webgl2" and "adapter" in got["noAdapter"]["why"], got
 
+
+
+def test_every_array_is_sized_to_the_buffer_it_binds(web, mlp_bundle):
+    """runtime/webgpu.js (#stage) declares each storage array of a dispatch's WGSL with the texels of the buffer it
+    binds (a module for each sizes; on SwiftShader a runtime-sized array's length is read from memory at every load):
+    no module is left with a runtime-sized array, and the sizes are the tensors' (TEXTURES) and the scratch buffers'.
+    Declaring one larger than its buffer fails the bind group (an error in the console); smaller, the loads past it
+    clamp and the parity tests fail."""
+    got = run_model(web, mlp_bundle, """
+        const create = GPUDevice.prototype.createShaderModule, codes = [];
+        GPUDevice.prototype.createShaderModule = function (d) { codes.push(d.code); return create.call(this, d); };
+        const mm = await mod.createModel({ backend: 'webgpu' });
+        const x = new Float32Array(16 * 45).map((_, i) => Math.sin(i)), y = Int32Array.from({ length: 16 }, (_, i) => i % 7);
+        const r = await mm.fit(x, y, { batchSize: 8, epochs: 1, shuffle: false, optimizer: { type: 'adam', lr: 0.01 } });
+        GPUDevice.prototype.createShaderModule = create;
+        mm.dispose();
+        const text = await (await fetch(args.url)).text();
+        const textures = JSON.parse(text.match(/^const TEXTURES = (.*);$/m)[1]);
+        const texels = (t) => t.width * t.height;
+        return { codes, loss: r.loss, texels: textures.map(texels),
+                 params: textures.filter((t) => t.role === 'param').map(texels) };
+    """, {"url": mlp_bundle}, {})
+    assert got["codes"] and all(math.isfinite(v) for v in got["loss"])
+    sizes = set()
+    for code in got["codes"]:
+        assert "array<vec4<f32>>" not in code, code[:400]
+        found = [int(n) for n in re.findall(r"array<vec4<f32>, (\d+)>", code)]
+        assert found, code[:400]
+        sizes.update(found)
+    # every parameter's among them (Adam reads it, its moments and its gradient, the scratch buffer bound at its size)
+    assert len(got["params"]) == 4 and set(got["params"]) <= sizes <= set(got["texels"]), (sizes, got)
 
 WORKER = """
 self.onmessage = async (e) => {
