@@ -367,10 +367,12 @@ PAUSED_AT_STEP_7 = """
 """
 
 
-def run_kl_js(k, inputs: dict[str, np.ndarray], width: int, rows: int, u: dict, block: int = 1) -> np.ndarray:
+def run_kl_js(k, inputs: dict[str, np.ndarray], width: int, rows: int, u: dict, block: int = 1,
+              cols: int = 1) -> np.ndarray:
     """k printed as JavaScript and run over `rows` rows of `width` texels; a kernel computing `block` rows an
-    invocation (output t: row block*ROW + t) over the ceil(rows / block) blocks, its outputs interleaved back."""
-    fn = js(k, list(inputs), block)
+    invocation (output t: row block*ROW + t) over the ceil(rows / block) blocks, and `cols` texels of each (output
+    t * cols + j: texel cols*COL + j; COL over width / cols), its outputs interleaved back."""
+    fn = js(k, list(inputs), block * cols)
     tex = {n: {"width": a.shape[1], "data": [None if np.isnan(v) else float(v) for v in a.reshape(-1)]}
            for n, a in inputs.items()}
     blocks = ceil_div(rows, block)
@@ -379,13 +381,14 @@ const fn = {fn};
 const t = {json.dumps(tex)};
 const ins = {json.dumps(list(inputs))}.map((n) => ({{ width: t[n].width,
                                            data: Float32Array.from(t[n].data.map((v) => v ?? NaN)) }}));
-const outs = Array.from({{ length: {block} }}, () => ({{ width: {width},
-                                                        data: new Float32Array({blocks * width * 4}).fill(7) }}));
+const outs = Array.from({{ length: {block * cols} }}, () => ({{ width: {width // cols},
+                                                        data: new Float32Array({blocks * width // cols * 4}).fill(7) }}));
 fn({json.dumps(k.symbols)}, ins, outs, {json.dumps(u)}, {blocks});
 console.log(JSON.stringify(outs.map((o) => Array.from(o.data))));
 """
     got = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
-    parts = np.array(json.loads(got), dtype=np.float64).reshape(block, blocks, width, 4)
-    out = parts.transpose(1, 0, 2, 3).reshape(blocks * block, width, 4)
+    assert width % cols == 0, (width, cols)
+    parts = np.array(json.loads(got), dtype=np.float64).reshape(block, cols, blocks, width // cols, 4)
+    out = parts.transpose(2, 0, 3, 1, 4).reshape(blocks * block, width, 4)
     assert (out[rows:] == 7).all(), "a block's rows past the batch's are not written (on WebGPU: past the buffer)"
     return out[:rows]

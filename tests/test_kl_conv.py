@@ -74,6 +74,9 @@ SHAPES = {
     "depthwise_multiplier_1x1": (3, 9, 3, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 5, 5),
     "wide_channels_kernel_2x3": (9, 7, 1, (2, 3), (1, 2), (0, 1, 1, 0), (2, 1), 6, 7),
     "channels_of_whole_texels_strided": (8, 12, 1, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 7, 6),
+    # (WebGPU's forward and input gradient 2 texels an invocation, 2 blocks of them a position: 16 output channels,
+    # 13 input ones, a lane short)
+    "two_blocks_of_texels_a_position": (13, 16, 1, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 5, 6),
 }
 
 
@@ -152,14 +155,16 @@ def test_vectorised_kernels_compute_what_the_generic_ones_do(name, block):
     xs, ws = _act_tex(x.detach().numpy()), _weight_tex(w.detach().numpy())
     scale, rows = 4.0, c["kh"] * c["icg"]
     u = {"u_batch": BATCH, "u_loss_scale": scale}
+    # (block > 1: as WebGPU runs them, several output texels an invocation where a conv of groups 1 has them)
+    fcols, icols = (conv_vec.wgsl_cols(c, "oc4"), conv_vec.wgsl_cols(c, "ic4")) if block > 1 else (1, 1)
     runs = [({"X": xs, "W": ws, "B": _bias_tex(b.numpy())}, c["ow"] * c["oc4"], BATCH * c["oh"],
-             conv_vec.forward_vec_kl(c, "tanh", {}, block), forward_kl(c, "tanh", {}), block),
+             conv_vec.forward_vec_kl(c, "tanh", {}, block, fcols), forward_kl(c, "tanh", {}), block, fcols),
             ({"DZ": _act_tex(dz.numpy()), "W": ws}, c["iw"] * c["ic4"], BATCH * c["ih"],
-             conv_vec.grad_input_vec_kl(c, block), grad_input_kl(c), block),
+             conv_vec.grad_input_vec_kl(c, block, icols), grad_input_kl(c), block, icols),
             ({"DZ": _act_tex(dz.numpy() * scale), "XT": _samples_last(x.detach().numpy(), c["nb4"])},
              c["kw"] * c["oc4"], rows + 4, conv_vec.grad_weight_vec_kl(c, split, chans), grad_weight_kl(c), chans)]
-    got = [(run_kl_js(vec, ins, width, n, u, blocks), run_kl_js(generic, ins, width, n, u)) for ins, width, n, vec, generic, blocks
-           in runs[:2]]
+    got = [(run_kl_js(vec, ins, width, n, u, blocks, cols), run_kl_js(generic, ins, width, n, u))
+           for ins, width, n, vec, generic, blocks, cols in runs[:2]]
     ins, width, n, vec, generic, _ = runs[2]
     if split == 1:
         got.append((run_kl_js(vec, ins, width, n, u, chans), run_kl_js(generic, ins, width, n, u)))

@@ -263,14 +263,16 @@ def channel_lanes(k, c4, count):
             yield x, ch, j, v
 
 
-def batch_outs(k: kl.KernelDef, block: int, per_sample, values: list[kl.X]) -> None:
+def batch_outs(k: kl.KernelDef, block: int, per_sample, values: list[kl.X], cols: int = 1) -> None:
     """Output t of the invocation; `block` rows an invocation: only the rows of the batch's samples, `per_sample`
-    rows each (the dispatch covers ceil(rows / block) blocks: kl_wgsl.wgsl's `scatter`)."""
-    if block == 1:
+    rows each (the dispatch covers ceil(rows / block) blocks: kl_wgsl.wgsl's `scatter`); `cols` texels of each row
+    (kl_wgsl.wgsl's `cols`): value t * cols + j that of row t's texel j."""
+    if block == 1 and cols == 1:
         k.out(values[0])
         return
     batch = kl.uniform("u_batch", "int")
     rows = k.let("nrows", batch if isinstance(per_sample, int) and per_sample == 1 else batch * per_sample)
-    for t, v in enumerate(values):
+    for t in range(block):
         with k.when(block * kl.ROW + t < rows):
-            k.out(v, t)
+            for j in range(cols):
+                k.out(values[t * cols + j], t * cols + j)

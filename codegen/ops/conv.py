@@ -90,16 +90,19 @@ def _generic(layer):
 def _vectorised(layer):
     """WebGPU's kernel in place of each generic one, as Kernel fields (ops/conv_vec.py), for a conv of groups 1 or a
     depthwise one: the forward and the input gradient conv_vec.ROWS rows an invocation, written in place
-    (Kernel.scatter); the weight gradient split into partial sums where it has few texels (Kernel.split). None for
+    (Kernel.scatter), and of groups 1 several texels of each (conv_vec.wgsl_cols: Kernel.cols); the weight gradient split into partial sums where it has few texels (Kernel.split). None for
     a WebGL2 blocked twin's (WebGPU runs the one-sample pass)."""
     def of(what: str, c: dict) -> dict:
         if not conv_vec.applies(c) or c.get("blocked"):
             return {}
         if what == "forward":
-            act = layer.attrs.get("act_attrs", {})
-            return {"wgsl_kl": conv_vec.forward_vec_kl(c, c["act"], act, conv_vec.ROWS), "scatter": conv_vec.ROWS}
+            act, cols = layer.attrs.get("act_attrs", {}), conv_vec.wgsl_cols(c, "oc4")
+            return {"wgsl_kl": conv_vec.forward_vec_kl(c, c["act"], act, conv_vec.ROWS, cols), "scatter": conv_vec.ROWS,
+                    "cols": cols}
         if what == "grad_input":
-            return {"wgsl_kl": conv_vec.grad_input_vec_kl(c, conv_vec.ROWS), "scatter": conv_vec.ROWS}
+            cols = conv_vec.wgsl_cols(c, "ic4")
+            return {"wgsl_kl": conv_vec.grad_input_vec_kl(c, conv_vec.ROWS, cols), "scatter": conv_vec.ROWS,
+                    "cols": cols}
         split, chans = conv_vec.split_of(c), conv_vec.chans_of(c)
         return {"wgsl_kl": conv_vec.grad_weight_vec_kl(c, split, chans), "scatter": chans if chans > 1 else 0,
                 "split": (split, conv_vec.split_sum_kl(split, c["kh"] * c["icg"])) if split > 1 else ()}

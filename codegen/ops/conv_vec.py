@@ -48,17 +48,45 @@ def _rows(k: kl.KernelDef, block: int, per_sample: kl.X) -> list[tuple[kl.X, kl.
     return out
 
 
-def _dense_taps(k, block, acc, xr, inside, xc, wc, wr, full: int, rest: int) -> None:
-    """A tap of a conv of groups 1, each row t: acc[t] += inside[t] * sum over the input channels of X's lane times
-    W's texel of the channel (texel wc of row wr + channel): an input texel fetched a row, 4 texels of W for all."""
+def _cols(k: kl.KernelDef, cols: int, c4) -> tuple[kl.X, list[kl.X]]:
+    """The position x and the channel texels of the `cols` output texels of an invocation (kl_wgsl.wgsl's `cols`: COL
+    counts blocks of them; cols divides the c4 texels of a position, so they are one position's)."""
+    if cols == 1:
+        x = k.let("x", COL // c4)
+        return x, [k.let("q", COL - x * c4)]
+    first = k.let("tx", cols * COL)
+    x = k.let("x", first // c4)
+    q = k.let("q", first - x * c4)
+    return x, [q] + [k.let(f"q{j}", q + j) for j in range(1, cols)]
+
+
+def wgsl_cols(c: dict, c4: str) -> int:
+    """The output texels an invocation of WebGPU's forward (c4 "oc4") or input gradient ("ic4") of a conv of groups 1
+    computes: 2 where 2 divide the texels of a position, else 1 (each input texel fetched then serves both; a
+    depthwise conv's texels share no fetch). Not 4: on SwiftShader 4 gained no more than 2 (bench/run.py's CNN) and
+    made EfficientNet-Lite0's WGSL a third larger gzipped and its WebGPU createModel 1.6 times as long."""
+    if c["depthwise"] and c["groups"] != 1:
+        return 1
+    return next(n for n in (2, 1) if c[c4] % n == 0)
+
+
+def _dense_taps(k, block, acc, xr, inside, xc, wcs, wr, full: int, rest: int) -> None:
+    """A tap of a conv of groups 1, each row t and output texel j: acc[t][j] += inside[t] * sum over the input
+    channels of X's lane times W's texel of the channel (texel wcs[j] of row wr + channel): an input texel fetched a
+    row for all the texels, 4 texels of W a texel for all the rows."""
+    cols = len(wcs)
+    sfx = [f"_{j}" if cols > 1 else "" for j in range(cols)]
+
     def taps(c4, suffix: str, lanes: int):
-        w = [k.let(f"w{j}{suffix}", load("W", wr + 4 * c4 + j, wc)) for j in range(lanes)]
+        w = [[k.let(f"w{i}{suffix}{sfx[j]}", load("W", wr + 4 * c4 + i, wc)) for i in range(lanes)]
+             for j, wc in enumerate(wcs)]
         for t in range(block):
             v = k.let(f"xv{suffix}{t}", load("X", xr[t], xc + c4))
-            s = w[0] * lane(v, 0)
-            for j in range(1, lanes):
-                s = s + w[j] * lane(v, j)
-            k.set(acc[t], acc[t] + s * inside[t])
+            for j in range(cols):
+                s = w[j][0] * lane(v, 0)
+                for i in range(1, lanes):
+                    s = s + w[j][i] * lane(v, i)
+                k.set(acc[t][j], acc[t][j] + s * inside[t])
     if full:
         with k.loop("k4", k.sym("icq", full)) as c4:
             taps(c4, "", 4)
@@ -67,22 +95,27 @@ def _dense_taps(k, block, acc, xr, inside, xc, wc, wr, full: int, rest: int) -> 
 
 
 def _dense_transposed_taps(k, block, acc, dr, hit, dc, wc0, wr, chs, oc, channels: int) -> None:
-    """A tap of a conv of groups 1's input gradient, each row t: acc[t] += hit[t] * (for each of the texel's 4
-    channels j, the sum over the output channels of dZ times W's row wr + chs[j]): a texel of dZ fetched a row, 4
-    texels of W for all (transposed once, a 4x4 block: then 4 multiply-adds of texels a row, as the forward's); the
-    last texel of dZ's padding lanes masked."""
+    """A tap of a conv of groups 1's input gradient, each row t and output texel c: acc[t][c] += hit[t] * (for each
+    of the texel's 4 channels j, the sum over the output channels of dZ times W's row wr + chs[c][j]): a texel of dZ
+    fetched a row for all the texels, 4 texels of W a texel for all the rows (transposed once, a 4x4 block: then 4
+    multiply-adds of texels a row, as the forward's); the last texel of dZ's padding lanes masked."""
     ofull, orest = divmod(channels, 4)
+    cols = len(chs)
+    sfx = [f"_{c}" if cols > 1 else "" for c in range(cols)]
 
     def taps(o4, suffix: str, mask: bool):
         wc = k.let(f"wc{suffix}", wc0 + o4)
-        w = [k.let(f"w{j}{suffix}", load("W", wr + chs[j], wc)) for j in range(4)]
-        # the 4x4 block transposed once for the rows: lane i of wt[j] is output channel j's weight of channel i
-        wt = [k.let(f"wt{j}{suffix}", vec4_of(*(lane(w[i], j) for i in range(4)))) for j in range(4)]
+        wt = []
+        for c in range(cols):
+            w = [k.let(f"w{j}{suffix}{sfx[c]}", load("W", wr + chs[c][j], wc)) for j in range(4)]
+            # the 4x4 block transposed once for the rows: lane i of wt[j] is output channel j's weight of channel i
+            wt.append([k.let(f"wt{j}{suffix}{sfx[c]}", vec4_of(*(lane(w[i], j) for i in range(4)))) for j in range(4)])
         for t in range(block):
             d = load("DZ", dr[t], dc + o4)
             d = k.let(f"d{suffix}{t}", d * valid(oc, o4) if mask else d)
-            k.set(acc[t], acc[t] + (wt[0] * lane(d, 0) + wt[1] * lane(d, 1) + wt[2] * lane(d, 2)
-                                    + wt[3] * lane(d, 3)) * hit[t])
+            for c in range(cols):
+                k.set(acc[t][c], acc[t][c] + (wt[c][0] * lane(d, 0) + wt[c][1] * lane(d, 1) + wt[c][2] * lane(d, 2)
+                                              + wt[c][3] * lane(d, 3)) * hit[t])
     if ofull:
         with k.loop("o4", k.sym("ocq", ofull)) as o4:
             taps(o4, "", False)
@@ -90,17 +123,22 @@ def _dense_transposed_taps(k, block, acc, dr, hit, dc, wc0, wr, chs, oc, channel
         taps(ofull, "t", True)
 
 
-def forward_vec_kl(c: dict, act: str = "none", attrs: dict | None = None, block: int = 1) -> kl.KernelDef:
+def forward_vec_kl(c: dict, act: str = "none", attrs: dict | None = None, block: int = 1,
+                   cols: int = 1) -> kl.KernelDef:
     """forward_kl (ops/conv_kl.py), vectorised: Y = act(conv(X, W) + b), `block` rows of Y an invocation (output t
-    is row block*ROW + t), each texel of W fetched serving all of them. Inputs X, W (, B)."""
+    is row block*ROW + t), each texel of W fetched serving all of them; with `cols` (wgsl_cols) that many output
+    texels of each row (output t * cols + j), each texel of X fetched serving them all. Inputs X, W (, B)."""
     k = kl.KernelDef()
     ih, iw, ic, ic4, oc, oc4, oh, kh, kw, sh, sw, pt, pl, dh, dw = _syms(
         k, c, "ih", "iw", "ic", "ic4", "oc", "oc4", "oh", "kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw")
     rows = _rows(k, block, oh)
-    x = k.let("x", COL // oc4)
-    q = k.let("q", COL - x * oc4)  # the output channel texel
-    acc = [k.let(f"acc{t}", load("B", 0, q) if c["has_bias"] else splat(0.0)) for t in range(block)]
+    x, qs = _cols(k, cols, oc4)  # the position and the output channel texels
+    q = qs[0]
+    sfx = [f"_{j}" if cols > 1 else "" for j in range(cols)]
+    acc = [[k.let(f"acc{t}{sfx[j]}", load("B", 0, qj) if c["has_bias"] else splat(0.0)) for j, qj in enumerate(qs)]
+           for t in range(block)]
     depthwise = c["depthwise"] and c["groups"] != 1
+    assert cols == 1 or not depthwise, c
     full, rest = divmod(c["ic"], 4)
     with k.loop("a", kh) as a:
         # each row's input row of the tap (clamped inside X) and whether it is inside (1.0) or padding (0.0)
@@ -112,30 +150,37 @@ def forward_vec_kl(c: dict, act: str = "none", attrs: dict | None = None, block:
         with k.loop("b", kw) as b:
             wi = k.let("wi", x * sw - pl + b * dw)
             with k.when(_inside(wi, iw)):
-                xc, wc = k.let("xc", wi * ic4), k.let("wc", b * oc4 + q)
+                xc = k.let("xc", wi * ic4)
+                wcs = [k.let(f"wc{sfx[j]}", b * oc4 + qj) for j, qj in enumerate(qs)]
                 if depthwise:  # channel q's 4 lanes times their own weights
-                    w = k.let("w", load("W", a, wc))
+                    w = k.let("w", load("W", a, wcs[0]))
                     for t in range(block):
-                        k.set(acc[t], acc[t] + load("X", xr[t], xc + q) * w * inside[t])
+                        k.set(acc[t][0], acc[t][0] + load("X", xr[t], xc + q) * w * inside[t])
                 else:
-                    _dense_taps(k, block, acc, xr, inside, xc, wc, k.let("wr", a * ic), full, rest)
-    batch_outs(k, block, oh, [_activate(v, act, attrs or {}) * valid(oc, q) for v in acc])
+                    _dense_taps(k, block, acc, xr, inside, xc, wcs, k.let("wr", a * ic), full, rest)
+    batch_outs(k, block, oh, [_activate(v, act, attrs or {}) * valid(oc, qs[j]) for vs in acc
+                              for j, v in enumerate(vs)], cols)
     return k
 
 
-def grad_input_vec_kl(c: dict, block: int = 1) -> kl.KernelDef:
+def grad_input_vec_kl(c: dict, block: int = 1, cols: int = 1) -> kl.KernelDef:
     """grad_input_kl (ops/conv_kl.py), vectorised: dX = the transposed conv of dZ with W, `block` rows of dX an
-    invocation (output t is row block*ROW + t), each texel of W fetched serving all of them. Inputs DZ, W."""
+    invocation (output t is row block*ROW + t), each texel of W fetched serving all of them; with `cols` (wgsl_cols)
+    that many output texels of each row (output t * cols + j), each texel of dZ fetched serving them all. Inputs DZ,
+    W."""
     k = kl.KernelDef()
     ih, ic, ic4, oc, oc4, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw = _syms(
         k, c, "ih", "ic", "ic4", "oc", "oc4", "oh", "ow", "kh", "kw", "sh", "sw", "pt", "pl", "dh", "dw")
     rows = _rows(k, block, ih)
-    x = k.let("x", COL // ic4)
-    q = k.let("q", COL - x * ic4)  # the input channel texel
-    acc = [k.let(f"acc{t}", splat(0.0)) for t in range(block)]
+    x, qs = _cols(k, cols, ic4)  # the position and the input channel texels
+    q = qs[0]
+    sfx = [f"_{j}" if cols > 1 else "" for j in range(cols)]
+    acc = [[k.let(f"acc{t}{sfx[j]}", splat(0.0)) for j in range(cols)] for t in range(block)]
     depthwise = c["depthwise"] and c["groups"] != 1
-    # the rows of W of the texel's 4 channels (a padding channel's clamped to the last: its lane is zeroed below)
-    chs = [] if depthwise else [k.let(f"ch{j}", kl.minimum(4 * q + j, ic - 1)) for j in range(4)]
+    assert cols == 1 or not depthwise, c
+    # the rows of W of each texel's 4 channels (a padding channel's clamped to the last: its lane is zeroed below)
+    chs = [] if depthwise else [[k.let(f"ch{j}{sfx[i]}", kl.minimum(4 * qi + j, ic - 1)) for j in range(4)]
+                                for i, qi in enumerate(qs)]
     with k.loop("a", kh) as a:
         # each row's row of dZ for the tap (clamped inside dZ) and whether the tap hits one (1.0) or not (0.0)
         dr, hit = [], []
@@ -153,11 +198,11 @@ def grad_input_vec_kl(c: dict, block: int = 1) -> kl.KernelDef:
                     if depthwise:
                         w = k.let("w", load("W", a, b * oc4 + q))
                         for t in range(block):
-                            k.set(acc[t], acc[t] + load("DZ", dr[t], dc + q) * w * hit[t])
+                            k.set(acc[t][0], acc[t][0] + load("DZ", dr[t], dc + q) * w * hit[t])
                     else:
                         _dense_transposed_taps(k, block, acc, dr, hit, dc, b * oc4, k.let("wr", a * ic), chs,
                                                oc, c["oc"])
-    batch_outs(k, block, ih, [v * valid(ic, q) for v in acc])
+    batch_outs(k, block, ih, [v * valid(ic, qs[j]) for vs in acc for j, v in enumerate(vs)], cols)
     return k
 
 
