@@ -72,7 +72,7 @@ def _tex(a: np.ndarray, rows: int, past: float = np.nan) -> np.ndarray:
 @pytest.mark.parametrize("o", [6, 13])
 def test_vectorised_kernels_compute_what_the_generic_ones_do(o):
     """WebGPU's vectorised dense kernels (ops/dense.py: the forward and grad_input 8 samples an invocation, the
-    last block past the batch, grad_weight 4, 8 or 16 rows of dW: each its out4 allows), printed as JavaScript,
+    last block past the batch, the forward 1 or FORWARD_COLS output texels of each, grad_weight 4, 8 or 16 rows of dW: each its out4 allows), printed as JavaScript,
     against the generic kernels on the same inputs and against PyTorch: 9 inputs (a last texel of 1 lane), 6 or 13
     outputs, 11 samples of a texture of 16 (rows past them NaN), a fused tanh and the gradient of the layer before's
     tanh (dact)."""
@@ -93,14 +93,15 @@ def test_vectorised_kernels_compute_what_the_generic_ones_do(o):
     fwd_in = {"X": xs, "W": ws, "B": _tex(b.numpy()[None], 1)}
     gi_in = {"DZ": _tex(dz.numpy(), rows), "W": ws, "Y": xs}
     gw_in = {"DZ": _tex(dz.numpy() * scale, rows), "X": xs}
-    runs = [(dense.forward_vec_kl(c, "tanh", {}), dense.forward_kl(c, "tanh", {}), fwd_in, out4, n, dense.ROWS, y),
-            (dense.grad_input_vec_kl(c, ("tanh", {})), dense.grad_input_kl(c, ("tanh", {})), gi_in, 3, n,
-             dense.ROWS, dzp),
-            *((dense.grad_weight_vec_kl(t), dense.grad_weight_kl(), gw_in, 3, 4 * out4, 4 * t, dw)
-              for t in (1, 2, 4) if out4 % t == 0)]
-    assert len(runs) == 2 + {6: 2, 13: 3}[o] and dense.grad_weight_texels(out4) == {6: 2, 13: 4}[o]
-    for vec, generic, ins, width, count, block, ref in runs:
-        got, want = run_kl_js(vec, ins, width, count, u, block), run_kl_js(generic, ins, width, count, u)
+    runs = [(dense.forward_vec_kl(c, "tanh", {}, dense.ROWS, cols), dense.forward_kl(c, "tanh", {}), fwd_in, out4, n,
+             dense.ROWS, y, cols) for cols in (1, dense.FORWARD_COLS)]
+    runs += [(dense.grad_input_vec_kl(c, ("tanh", {})), dense.grad_input_kl(c, ("tanh", {})), gi_in, 3, n,
+              dense.ROWS, dzp, 1),
+             *((dense.grad_weight_vec_kl(t), dense.grad_weight_kl(), gw_in, 3, 4 * out4, 4 * t, dw, 1)
+               for t in (1, 2, 4) if out4 % t == 0)]
+    assert len(runs) == 3 + {6: 2, 13: 3}[o] and dense.grad_weight_texels(out4) == {6: 2, 13: 4}[o]
+    for vec, generic, ins, width, count, block, ref, cols in runs:
+        got, want = run_kl_js(vec, ins, width, count, u, block, cols), run_kl_js(generic, ins, width, count, u)
         assert not np.isnan(got).any()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         flat = got.reshape(count, -1)

@@ -167,8 +167,11 @@ def test_webgpu_runs_the_row_twins_in_place():
                       max_batch=8, webgpu=True).files["m.js"]
     # 2 forwards, 2 input gradients, a weight gradient (the optimizer's gradient: once for each optimizer it runs in)
     assert js.count('"scatter":8') >= 5
-    assert js.count('"scatter":8') == js.count('],1,4],"scatter":8') + js.count('],1],"scatter":8')
+    assert js.count('"scatter":8') == js.count('],1,4],"scatter":8') + js.count('],1],"scatter":8') + \
+        js.count('],1,2],"scatter":8')
     assert js.count('],1,4],"scatter":8') == 2
+    # (and the classifier, a dense layer: its forward 2 texels of its 8 samples an invocation, dense.FORWARD_COLS)
+    assert js.count('],1,2],"scatter":8') == 1
     # (the WGSL, each module once: the 4 texels' two, and the three of one texel)
     assert js.count("out0[(8 * _row + 7) * _d.width + 4 * _col + 3] = ") == 2
     assert js.count("out0[(8 * _row + 7) * _d.width + _col] = ") >= 3

@@ -153,6 +153,10 @@ def grad_weight_kl(transposed: bool = False) -> kl.KernelDef:
 # texel of dZ once for 4 rows of dW (grad_weight), as WebGL2's sample-blocked routines do.
 
 ROWS = 8  # the samples an invocation of WebGPU's forward and grad_input computes
+# ... and the output texels of each its forward computes, where they divide out4 (each texel of X fetched serving them):
+# bench/run.py's MLP (784 -> 128, batch 64, SGD) on SwiftShader 8.62 -> 7.81 ms a step with 2, 9.37 with 4 (64
+# invocations: one workgroup, one thread)
+FORWARD_COLS = 2
 
 
 def _samples(k: kl.KernelDef, block: int) -> list[kl.X]:
@@ -182,22 +186,30 @@ def _loop(k: kl.KernelDef, block: int, name: str, stop, step) -> None:
             step(i, lambda t: k.when(block * ROW + t < batch) if t else contextlib.nullcontext(), "b")
 
 
-def forward_vec_kl(c: dict, act: str = "none", attrs: dict | None = None, block: int = ROWS) -> kl.KernelDef:
+def forward_vec_kl(c: dict, act: str = "none", attrs: dict | None = None, block: int = ROWS,
+                   cols: int = 1) -> kl.KernelDef:
     """forward_kl (not split), `block` samples an invocation (output t: sample block*ROW + t), each of the 4 texels
-    of W a step fetched serving all of them. Inputs X, W (, B)."""
+    of W a step fetched serving all of them; with `cols`, that many output texels of each (output t * cols + j: texel
+    cols*COL + j), each texel of X fetched serving them all. Inputs X, W (, B)."""
     k = kl.KernelDef()
     ns = _samples(k, block)
-    acc = [k.let(f"acc{t}", load("B", 0, COL) if c["has_bias"] else splat(0.0)) for t in range(block)]
+    cs = [COL] if cols == 1 else [k.let(f"c{j}", cols * COL + j) for j in range(cols)]  # the output texels
+    sfc = [f"_{j}" if cols > 1 else "" for j in range(cols)]
+    acc = [[k.let(f"acc{t}{sfc[j]}", load("B", 0, cj) if c["has_bias"] else splat(0.0)) for j, cj in enumerate(cs)]
+           for t in range(block)]
 
     def step(i4, live, sfx):
-        w = [k.let(f"w{j}{sfx}", load("W", 4 * COL + j, i4)) for j in range(4)]  # outputs 4*COL + j, of texel i4
+        # outputs 4*cs[j] + i, of texel i4
+        w = [[k.let(f"w{i}{sfx}{sfc[j]}", load("W", 4 * cj + i, i4)) for i in range(4)] for j, cj in enumerate(cs)]
         for t, n in enumerate(ns):
             with live(t):
                 x = k.let(f"x{t}{sfx}", load("X", n, i4))
-                k.set(acc[t], acc[t] + vec4_of(*(dot(x, w[j]) for j in range(4))))
+                for j in range(cols):
+                    k.set(acc[t][j], acc[t][j] + vec4_of(*(dot(x, w[j][i]) for i in range(4))))
     _loop(k, block, "i4", k.sym("in4", c["in4"]), step)
-    valid_out = valid(k.sym("out_features", c["out_features"]), COL)
-    batch_outs(k, block, 1, [_activate(a, act, attrs or {}) * valid_out for a in acc])
+    out_features = k.sym("out_features", c["out_features"])
+    batch_outs(k, block, 1, [_activate(a, act, attrs or {}) * valid(out_features, cs[j]) for row in acc
+                             for j, a in enumerate(row)], cols)
     return k
 
 
@@ -248,7 +260,8 @@ def grad_weight_vec_kl(texels: int = 1) -> kl.KernelDef:
 def _vectorised(layer, plan, out4: int):
     """WebGPU's kernel in place of each generic one, as Kernel fields: the forward (not split: on WebGPU the
     one-pass forward runs in place of split-K's, ops/common.py) and grad_input ROWS samples an invocation (below
-    ROWS samples, the generic kernels: Kernel.few), the weight gradient 4, 8 or 16 rows (of the layer's 4 * out4:
+    ROWS samples, the generic kernels: Kernel.few), the forward FORWARD_COLS output texels of each where they divide
+    out4 (Kernel.cols), the weight gradient 4, 8 or 16 rows (of the layer's 4 * out4:
     its constants are not the generic kernel's); {} for a WebGL2 blocked twin's (WebGPU runs the one-sample pass)
     and the rest."""
     act, attrs = layer.attrs.get("act", "none"), layer.attrs.get("act_attrs", {})
@@ -257,7 +270,8 @@ def _vectorised(layer, plan, out4: int):
         if c.get("blocked") or c.get("split"):
             return {}
         if what == "forward":
-            return {"wgsl_kl": forward_vec_kl(c, act, attrs), "scatter": ROWS, "few": True}
+            cols = FORWARD_COLS if c["out4"] % FORWARD_COLS == 0 else 1
+            return {"wgsl_kl": forward_vec_kl(c, act, attrs, ROWS, cols), "scatter": ROWS, "few": True, "cols": cols}
         if what == "grad_input":
             dact = plan.act_grad_fused[layer.inputs[0]] if c.get("dact") else None
             return {"wgsl_kl": grad_input_vec_kl(c, dact), "scatter": ROWS, "few": True}
