@@ -90,8 +90,9 @@ def _generic(layer):
 def _vectorised(layer):
     """WebGPU's kernel in place of each generic one, as Kernel fields (ops/conv_vec.py), for a conv of groups 1 or a
     depthwise one: the forward and the input gradient conv_vec.ROWS rows an invocation, written in place
-    (Kernel.scatter), and of groups 1 several texels of each (conv_vec.wgsl_cols: Kernel.cols); the weight gradient split into partial sums where it has few texels (Kernel.split). None for
-    a WebGL2 blocked twin's (WebGPU runs the one-sample pass)."""
+    (Kernel.scatter), of groups 1 several texels of each (conv_vec.wgsl_cols: Kernel.cols); the weight gradient
+    split into partial sums where it has few texels (Kernel.split). None for a WebGL2 blocked twin's (WebGPU runs
+    the one-sample pass)."""
     def of(what: str, c: dict) -> dict:
         if not conv_vec.applies(c) or c.get("blocked"):
             return {}
