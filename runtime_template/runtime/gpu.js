@@ -61,7 +61,7 @@ class GpuDevice {
 
   // A texture laid out as `rec` holding `data`, read alone: fit's proximal anchor (optimizer.js: optimizerOf).
   anchor(rec, data) {
-    const a = { ...rec, tex: [makeTexture(this.gl, FORMATS[rec.format].internal, rec.pw, rec.ph)], cur: 0, double: false };
+    const a = { ...rec, tex: [makeTexture(this.gl, FORMATS[rec.format].internal, rec.pw, rec.ph)], cur: 0, double: false, tw: rec.pw, th: rec.ph };
     this.upload(a, data, rec.spec.height);
     return a;
   }

@@ -109,7 +109,7 @@ function createTextures(gl, limit, precision) {
         `cannot be laid out within the texture size limit of ${limit}`);
     }
     const tex = [];
-    const rec = { spec, tex, cur: 0, double: spec.double, tiled: pw !== width, pw, ph, format, expand };
+    const rec = { spec, tex, cur: 0, double: spec.double, tiled: pw !== width, pw, ph, format, expand, tw: pw, th: ph };
     records.set(spec.name, rec);
     if (spec.storage >= 0) {
       const key = `${spec.storage}:${format}`;
@@ -121,7 +121,10 @@ function createTextures(gl, limit, precision) {
   }
   for (const s of shared.values()) {
     const t = makeTexture(gl, FORMATS[s.recs[0].format].internal, s.pw, s.ph);
-    for (const rec of s.recs) rec.tex.push(t);
+    for (const rec of s.recs) {
+      rec.tex.push(t);
+      [rec.tw, rec.th] = [s.pw, s.ph]; // (the texture's size: a kernel samples its texel centres, runner.js)
+    }
   }
   return records;
 }
