@@ -30,8 +30,10 @@ PROFILER = """
   const codes = new Map(), byPipeline = new WeakMap();
   const log = (globalThis.__wgProfile = { on: false, records: [], pending: [] });
   const cm = GPUDevice.prototype.createShaderModule;
-  GPUDevice.prototype.createShaderModule = function (d) {  // (named by the bundle's WGSL, its arrays unsized)
-    const m = cm.call(this, d); codes.set(m, d.code.replace(/array<vec4<f32>, \\d+>/g, 'array<vec4<f32>>')); return m;
+  GPUDevice.prototype.createShaderModule = function (d) {  // (named by the bundle's WGSL: arrays unsized, workgroups of 64)
+    const m = cm.call(this, d), code = d.code.replace(/array<vec4<f32>, \\d+>/g, 'array<vec4<f32>>');
+    codes.set(m, code.replace(/@workgroup_size\\(\\d+\\)/, '@workgroup_size(64)').replace(/_n\\.x \\* \\d+u/, '_n.x * 64u'));
+    return m;
   };
   const cp = GPUDevice.prototype.createComputePipeline;
   GPUDevice.prototype.createComputePipeline = function (d) {

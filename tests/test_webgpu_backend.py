@@ -210,7 +210,9 @@ def test_every_array_is_sized_to_the_buffer_it_binds(web, mlp_bundle):
     binds (a module for each sizes; on SwiftShader a runtime-sized array's length is read from memory at every load):
     no module is left with a runtime-sized array, and the sizes are the tensors' (TEXTURES) and the scratch buffers'.
     Declaring one larger than its buffer fails the bind group (an error in the console); smaller, the loads past it
-    clamp and the parity tests fail."""
+    clamp and the parity tests fail. Its workgroups are sized to its invocations (workgroupOf: 64, halved while
+    under 16 workgroups, 4 at least), the invocation index strided by that size (else the parity tests fail): this
+    small model's dispatches all run in workgroups under 64."""
     got = run_model(web, mlp_bundle, """
         const create = GPUDevice.prototype.createShaderModule, codes = [];
         GPUDevice.prototype.createShaderModule = function (d) { codes.push(d.code); return create.call(this, d); };
@@ -226,14 +228,18 @@ def test_every_array_is_sized_to_the_buffer_it_binds(web, mlp_bundle):
                  params: textures.filter((t) => t.role === 'param').map(texels) };
     """, {"url": mlp_bundle}, {})
     assert got["codes"] and all(math.isfinite(v) for v in got["loss"])
-    sizes = set()
+    sizes, workgroups = set(), set()
     for code in got["codes"]:
+        (size,) = re.findall(r"@workgroup_size\((\d+)\)", code)
+        assert re.findall(r"_n\.x \* (\d+)u", code) in ([size], []), code[:400]  # ([]: a loss value's, one invocation)
+        workgroups.add(int(size))
         assert "array<vec4<f32>>" not in code, code[:400]
         found = [int(n) for n in re.findall(r"array<vec4<f32>, (\d+)>", code)]
         assert found, code[:400]
         sizes.update(found)
     # every parameter's among them (Adam reads it, its moments and its gradient, the scratch buffer bound at its size)
     assert len(got["params"]) == 4 and set(got["params"]) <= sizes <= set(got["texels"]), (sizes, got)
+    assert workgroups <= {4, 8, 16, 32} and len(workgroups) > 1, workgroups
 
 WORKER = """
 self.onmessage = async (e) => {

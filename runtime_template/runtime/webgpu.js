@@ -9,19 +9,19 @@
 //     Kernel.wgsl_kl), partial sums then their sum (kernel.split), an optimizer's gradient into a scratch buffer
 //     then its update (cpu.js: cpuOptimizer), a column-blocked forward whole rows dealt out into its parts
 //     (cpu_columns.js) or, for a tensor kept as parts alone, kept whole (#whole);
-//   * a dispatch has a uniform buffer of its own (the struct _d: rows, width, the inputs' widths, the kernel's
-//     uniforms), written when a value changed, and its WGSL's arrays sized to the buffers it binds (#stage); a run()
-//     is one command buffer; reads copy into a mappable buffer kept for their slot, and mapAsync.
+//   * a dispatch has a uniform buffer of its own (the struct _d: rows, width, the inputs' widths, the kernel's uniforms),
+//     written when a value changed, its WGSL's arrays sized to the buffers it binds and workgroups to its invocations
+//     (#stage); a run() is one command buffer; reads copy into a mappable buffer kept for their slot, and mapAsync.
 
 // Whether pass p runs here: a sample-blocked pass's one-sample twin, a column-blocked forward's draw into all its parts,
 // a pass of WebGPU's alone (p.webgpu true: a split-K or column-blocked forward as one) not those it replaces (false).
 function webgpuRuns(p) { return p.blocked !== true && p.wide !== false && p.webgpu !== false; }
 
-// Workgroups covering rows x width invocations: (x, y), at most 65,535 a side (kl_wgsl.py: dispatch).
-function wgslGrid(rows, width) {
-  const groups = Math.ceil((rows * width) / WGSL_WORKGROUP), y = Math.ceil(groups / 65535);
-  return [Math.ceil(groups / y), y];
-}
+// Workgroups of `size` covering rows x width invocations: (x, y), at most 65,535 a side (kl_wgsl.py: dispatch).
+function wgslGrid(rows, width, size) { const n = Math.ceil((rows * width) / size), y = Math.ceil(n / 65535); return [Math.ceil(n / y), y]; }
+// The workgroup size of a dispatch of at most n invocations: WGSL_WORKGROUP, halved (to 4 at least) while that leaves
+// under 16 workgroups: SwiftShader runs a workgroup on one thread (the MLP's forward at batch 64: 2 of 64 4.9 ms, 16 of 8 4.2).
+function workgroupOf(n) { let size = WGSL_WORKGROUP; while (size > 4 && n < size * 16) size /= 2; return size; }
 
 // Every pass of the schedule that runs here.
 function webgpuPasses() {
@@ -145,13 +145,16 @@ class WebGpuRunner {
   // A dispatch of WGSL[code] (a kernel's `wgsl`: [code, fields, outputs, cols texels an invocation where not 1: over 1 /
   // cols of the width]) reading `inputs` into `outputs`; `values`: uniforms it sets itself; `scale`: its rows per row the
   // pass draws (1 / 8, a row twin's); `few`: the dispatch run in its place below 1 / scale samples (Kernel.few).
-  #stage([code, fields, , cols = 1], inputs, outputs, values = null, scale = 1, few = null) {
+  #stage([code, fields, , cols = 1], inputs, outputs, values = null, scale = 1, few = null, rows = outputs[0].spec.height) {
     // its arrays sized to the texels bound: a module for each sizes (robustness then bounds a load by a constant, where
-    // a runtime-sized array's length is read from memory: the MLP's and CNN's WebGPU steps 14-17% faster on SwiftShader)
-    const texels = [...inputs, ...outputs].map((rec) => rec.spec.width * rec.spec.height), key = `${code}:${texels}`;
+    // a runtime-sized array's length is read from memory: the MLP's and CNN's WebGPU steps 14-17% faster on SwiftShader),
+    // its workgroups to its invocations at most (`rows` of the output: workgroupOf)
+    const texels = [...inputs, ...outputs].map((rec) => rec.spec.width * rec.spec.height);
+    const size = workgroupOf(Math.ceil(rows * scale) * (outputs[0].spec.width / cols)), key = `${code}:${texels}:${size}`;
     let pipeline = this.pipelines.get(key);
     if (!pipeline) {
-      const text = WGSL[code].split('array<vec4<f32>>').reduce((s, part, i) => `${s}array<vec4<f32>, ${texels[i - 1]}>${part}`);
+      const text = WGSL[code].split('array<vec4<f32>>').reduce((s, part, i) => `${s}array<vec4<f32>, ${texels[i - 1]}>${part}`)
+        .replace(`@workgroup_size(${WGSL_WORKGROUP})`, `@workgroup_size(${size})`).replace(`_n.x * ${WGSL_WORKGROUP}u`, `_n.x * ${size}u`);
       const module = this.device.createShaderModule({ code: text });
       pipeline = this.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: 'main' } });
       this.pipelines.set(key, pipeline);
@@ -162,7 +165,7 @@ class WebGpuRunner {
     const widths = new Map(inputs.map((rec, i) => [i, rec.spec.width]));
     return {
       pipeline, inputs, outputs, buffer, groups: new Map(), written: false, values, scale,
-      few: few && this.#stage(few, inputs, outputs, values),
+      few: few && this.#stage(few, inputs, outputs, values, 1, null, (1 / scale - 1) * (outputs[0].spec.sampleRows ?? 1)), size,
       // each field: [is int, its value's name (a uniform) or null: set here (rows, width, an input's width)]
       fields: fields.map(([name, type], i) => [type === 'i32', name.startsWith('u_') ? name : null,
         name.startsWith('w_') ? widths.get(i - 2) : null]),
@@ -221,7 +224,7 @@ class WebGpuRunner {
         st.written = true;
         pass.setPipeline(st.pipeline);
         pass.setBindGroup(0, this.#group(st));
-        const [x, y] = p.rows === 'ring' ? [1, 1] : wgslGrid(stRows, st.width / st.cols);
+        const [x, y] = p.rows === 'ring' ? [1, 1] : wgslGrid(stRows, st.width / st.cols, st.size);
         if (x > 0) pass.dispatchWorkgroups(x, y);
       }
     }
@@ -229,10 +232,7 @@ class WebGpuRunner {
     device.queue.submit([encoder.finish()]);
   }
 
-  swap(optimizer) {
-    const list = this.swaps[optimizer];
-    for (let i = 0; i < list.length; i++) list[i].cur = 1 - list[i].cur;
-  }
+  swap(optimizer) { for (const rec of this.swaps[optimizer]) rec.cur = 1 - rec.cur; }
 
   dispose() {
     for (const b of [...this.uniformBuffers, ...Object.values(this.scratch)]) b.destroy();
@@ -276,11 +276,8 @@ class WebGpuDevice {
     const caps = { textureLimit: Infinity, precision: 'float32' };
     device.pushErrorScope('out-of-memory');
     const textures = new Map(), buffers = new Map(), made = [];
-    const buffer = (bytes) => {
-      const b = device.createBuffer({ size: bytes, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
-      made.push(b);
-      return b;
-    };
+    const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+    const buffer = (bytes) => { const b = device.createBuffer({ size: bytes, usage }); made.push(b); return b; };
     for (const spec of TEXTURES) {
       if (spec.storage >= 0) buffers.set(spec.storage, Math.max(buffers.get(spec.storage) ?? 0, spec.width * spec.height * 16));
     }
