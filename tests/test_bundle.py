@@ -151,7 +151,9 @@ def test_shipped_runtime_is_compact(factory, shape):
     restore, +77 bytes (37,763): the budget is 37,800; createModel's default choice (WebGPU first in a bundle built
     with --webgpu, the WebGL2-only options that keep it on WebGL2) and m.info.fallbackReason, +204 bytes (37,967): the
     budget is 38,000; the batch a blocked twin runs from (Pass.block_from: a row-blocked token matmul's runs from 1),
-    +38 bytes (38,005): the budget is 38,050.
+    +38 bytes (38,005): the budget is 38,050; kernels sampling texel centres in place of texelFetch (fetchTexel, each
+    input's texture size in its FETCH macro: on SwiftShader a fetch about 1.4x cheaper), +119 bytes (38,124): the budget
+    is 38,150.
     The opening comment and each shader's kernel-name line stay."""
     import gzip
 
@@ -162,7 +164,7 @@ def test_shipped_runtime_is_compact(factory, shape):
     assert "// texelfit kernel: " in js and js.count("precision highp float;") == 1
     stripped, n = re.subn(r'^const WEIGHTS = "[^"]*";$', 'const WEIGHTS = "";', js, flags=re.M)
     assert n == 1
-    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 38_050
+    assert len(gzip.compress(stripped.encode(), 9, mtime=0)) < 38_150
 
 
 def test_compact_js_keeps_strings_and_template_literals():
