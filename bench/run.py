@@ -732,7 +732,7 @@ def markdown(result):
         p = result["passes"].get(case["model"])
         if case["optimizer"]:
             kern = "sgd" if case["optimizer"]["type"] == "sgd" else "adam"
-            sched = (f"{p['forward']} fwd + {p['loss']['cross_entropy']} loss + {p['backward']} bwd + "
+            sched = (f"{p['forward']} fwd + {sum(d.get('cross_entropy', 0) for d in p['loss'])} loss + {p['backward']} bwd + "
                      f"{p['optimizer'][kern]} opt") if p else "?"
         else:
             sched = f"{p['forward']} fwd" if p else "?"
