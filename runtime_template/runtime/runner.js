@@ -3,9 +3,8 @@
 // uniform locations are all resolved once (programs when first needed, see prepare).
 
 // The #defines that map a pass's textures through their fold and format (prelude.glsl.j2): for
-// input NAME the macro FETCH_NAME(row, col4), which samples texel centres (common.glsl.j2: fetchTexel; a token matmul
-// of MiniLM's 20.7 -> 15.3 ms on SwiftShader, against texelFetch); for the output OUT_TILED or OUT_RGBA8 and its
-// sizes, and OUT_F16.
+// input NAME the macro FETCH_NAME(row, col4), which samples texel centres (common.glsl.j2: fetchTexel; on SwiftShader
+// a texelFetch costs about 1.4x as much: README, Speed); for the output OUT_TILED or OUT_RGBA8 and its sizes, and OUT_F16.
 function inputDefines(name, rec) {
   const how = rec.format === 'rgba8' ? 'fetchRgba8' : rec.tiled ? 'fetchTiled' : '', size = `vec2(${rec.tw}.0, ${rec.th}.0)`;
   if (!how) return `#define FETCH_${name}(r, c) fetchTexel(${name}, ivec2(c, r), ${size})\n`;
