@@ -20,7 +20,8 @@ function webgpuRuns(p) { return p.blocked !== true && p.wide !== false && p.webg
 // Workgroups of `size` covering rows x width invocations: (x, y), at most 65,535 a side (kl_wgsl.py: dispatch).
 function wgslGrid(rows, width, size) { const n = Math.ceil((rows * width) / size), y = Math.ceil(n / 65535); return [Math.ceil(n / y), y]; }
 // The workgroup size of a dispatch of at most n invocations: WGSL_WORKGROUP, halved (to 4 at least) while that leaves
-// under 16 workgroups: SwiftShader runs a workgroup on one thread (the MLP's forward at batch 64: 2 of 64 4.9 ms, 16 of 8 4.2).
+// under 16 workgroups: SwiftShader runs a workgroup on one thread (the MLP's forward at batch 64: 2 of 64 3.27 ms, 16 of 8
+// 2.83; bench/fetch_micro.py).
 function workgroupOf(n) { let size = WGSL_WORKGROUP; while (size > 4 && n < size * 16) size /= 2; return size; }
 
 // Every pass of the schedule that runs here.
